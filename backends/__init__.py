@@ -1,0 +1,1 @@
+"""Drafters behind one ``Speculator`` interface (autoregressive, DFlash, DSpark)."""

@@ -1,0 +1,98 @@
+"""What actually runs on the device in one step, and the DP sync result it came from."""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from contracts.violation import ContractViolation
+
+
+class CUDAGraphMode(enum.IntEnum):
+    """Ordered so that the DP sync can take the minimum: one eager rank makes all eager."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+class BatchExecutionDescriptor(BaseModel):
+    """The padded shape of one forward pass.
+
+    The validator enforces the invariants that need no outside facts (DESC-1,
+    DESC-4 and non-negative counts) on every construction, whatever the
+    enforcement mode: a value that breaks them is not a descriptor at all.
+    Invariants that compare with the local, unpadded batch (DESC-2, DESC-3,
+    DESC-5) are registry checks run at the step boundary.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    cg_mode: CUDAGraphMode
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform_token_count: int | None = None
+
+    @model_validator(mode="after")
+    def _intrinsic_invariants(self) -> BatchExecutionDescriptor:
+        from contracts.invariants.descriptor import check_intrinsic
+
+        check_intrinsic(self)
+        return self
+
+    def num_reqs_padded(self, num_reqs: int) -> int:
+        """``desc.num_reqs or num_reqs``: the request rows this step has."""
+        return self.num_reqs if self.num_reqs is not None else num_reqs
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchExecutionDescriptor(cg_mode={self.cg_mode.name}, num_tokens={self.num_tokens}, "
+            f"num_reqs={self.num_reqs}, uniform_token_count={self.uniform_token_count})"
+        )
+
+
+class DPSyncState(BaseModel):
+    """The result of one DP sync; identical on every rank by construction (DP-3).
+
+    ``num_tokens_across_dp`` holds the token count each rank runs: the common
+    padded count unless every rank runs eager, in which case each rank keeps its
+    own unpadded count.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    dp_size: int
+    cg_mode: CUDAGraphMode
+    num_tokens_across_dp: tuple[int, ...]
+    uniform_token_count: int | None = None
+    collective_seq: int = 0
+
+    @model_validator(mode="after")
+    def _shape(self) -> DPSyncState:
+        if len(self.num_tokens_across_dp) != self.dp_size:
+            raise ContractViolation(
+                "DP-1",
+                "num_tokens_across_dp has dp_size entries",
+                {
+                    "dp_size": self.dp_size,
+                    "len(num_tokens_across_dp)": len(self.num_tokens_across_dp),
+                },
+                component="DPSyncState",
+            )
+        return self
+
+    @property
+    def all_idle(self) -> bool:
+        return all(n == 0 for n in self.num_tokens_across_dp)
+
+    @property
+    def max_num_tokens(self) -> int:
+        return max(self.num_tokens_across_dp, default=0)
+
+    def __repr__(self) -> str:
+        return (
+            f"DPSyncState(dp_size={self.dp_size}, cg_mode={self.cg_mode.name}, "
+            f"num_tokens_across_dp={list(self.num_tokens_across_dp)}, "
+            f"uniform_token_count={self.uniform_token_count}, collective_seq={self.collective_seq})"
+        )

@@ -1,0 +1,110 @@
+"""Enforcement modes and the one entry point that runs the registered checks.
+
+``off`` returns after one attribute read; ``shapes`` runs [S]/[H] checks and
+reads only host memory; ``full`` also reads device values, except while a CUDA
+graph is being captured (a read there would break the capture).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from contracts.registry import StepKind, Subject, ValueReader, invariants_for, violation
+
+ENV_VAR = "SPECDEC_CONTRACTS"
+
+
+class Mode(enum.Enum):
+    OFF = "off"
+    SHAPES = "shapes"
+    FULL = "full"
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"{ENV_VAR}={text!r} is not a contract mode; expected one of {allowed}") from None
+
+
+class _Setting:
+    """Process-wide (not per-thread): in-process DP ranks are threads and must agree."""
+
+    __slots__ = ("mode",)
+
+    def __init__(self) -> None:
+        self.mode = Mode.parse(os.environ.get(ENV_VAR, "off"))
+
+
+_SETTING = _Setting()
+_HOST_READER = ValueReader(allow_device=False)
+_DEVICE_READER = ValueReader(allow_device=True)
+
+
+def current_mode() -> Mode:
+    return _SETTING.mode
+
+
+def set_mode(mode: Mode | str) -> Mode:
+    """Set the mode; returns the previous one."""
+    previous = _SETTING.mode
+    _SETTING.mode = mode if isinstance(mode, Mode) else Mode.parse(mode)
+    return previous
+
+
+@contextmanager
+def enforce(mode: Mode | str) -> Iterator[Mode]:
+    """Run a block under ``mode`` and restore the previous one afterwards."""
+    previous = set_mode(mode)
+    try:
+        yield _SETTING.mode
+    finally:
+        _SETTING.mode = previous
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def check(
+    subject: Subject,
+    facts: Any,
+    *,
+    step_kind: StepKind,
+    component: str,
+    backend: str | None = None,
+    descriptor: Any = None,
+) -> None:
+    """Run every invariant about ``subject`` that applies to ``step_kind``.
+
+    Raises ``ContractViolation`` for the first broken one, in catalog order, so
+    the most basic cause is named first.
+    """
+    mode = _SETTING.mode
+    if mode is Mode.OFF:
+        return
+    full = mode is Mode.FULL and not _capturing()
+    reader = _DEVICE_READER if full else _HOST_READER
+    for inv in invariants_for(subject, step_kind):
+        if inv.tag.needs_full and not full:
+            continue
+        if not inv.applies_to(step_kind, backend):
+            continue
+        observed = inv.check(facts, reader)
+        if observed is not None:
+            cause = observed.pop("likely_cause", None)
+            raise violation(
+                inv.id,
+                observed,
+                descriptor=descriptor if descriptor is not None else getattr(facts, "desc", None),
+                step_kind=step_kind,
+                component=component if backend is None else f"{component} (backend {backend})",
+                likely_cause=cause,
+            )

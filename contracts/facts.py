@@ -1,0 +1,110 @@
+"""What a boundary hands to the checks: the object under test plus the local truth.
+
+Each class bundles one subject with the unpadded counts it must be compared to;
+they are plain frozen dataclasses so that building one costs well under a
+microsecond and the checks stay free of framework code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from contracts.descriptor import BatchExecutionDescriptor, DPSyncState
+from contracts.metadata import AttentionMetadata, VerifierInput, VerifierOutput
+
+
+@dataclass(frozen=True, eq=False)
+class DescriptorFacts:
+    desc: BatchExecutionDescriptor
+    num_reqs: int
+    num_tokens: int
+    all_ranks_idle: bool | None = None
+    """True when the DP sync saw zero tokens on every rank; None without DP."""
+
+
+@dataclass(frozen=True, eq=False)
+class DPFacts:
+    state: DPSyncState
+    desc: BatchExecutionDescriptor
+    rank: int
+    num_tokens: int
+    collective_seqs: tuple[int, ...] | None = None
+    """The collective counter every rank reported in this sync, gathered."""
+    peer_states: Sequence[DPSyncState] | None = None
+    """Sync results of every rank, where one process can see them all."""
+
+
+@dataclass(frozen=True, eq=False)
+class BatchFacts:
+    """A forward's inputs and attention metadata, with the real counts.
+
+    Optional fields are filled by the step kinds that have them: ``target_desc``
+    and ``hidden_states`` for draft prefill, ``base_positions``/``draft_step``
+    for draft decode, ``query_width``/``block_layout`` for block drafters.
+    """
+
+    desc: BatchExecutionDescriptor
+    num_reqs: int
+    num_tokens: int
+    meta: AttentionMetadata
+    input_ids: Int[Tensor, " num_tokens"]
+    positions: Int[Tensor, " num_tokens"]
+    block_size: int | None = None
+    max_model_len: int | None = None
+    hidden_states: Float[Tensor, "num_tokens hidden"] | None = None
+    target_desc: BatchExecutionDescriptor | None = None
+    last_token_indices: Int[Tensor, " num_reqs_padded"] | None = None
+    base_positions: Int[Tensor, " num_reqs"] | None = None
+    draft_step: int | None = None
+    num_spec_tokens: int | None = None
+    block_layout: str | None = None
+    """``"bonus_first"`` (DFlash) or ``"anchor_first"`` (DSpark)."""
+    context_slot_mapping: Int[Tensor, " num_context"] | None = None
+    context_committed: Bool[Tensor, " num_context"] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ProposalFacts:
+    """What a drafter returns for one step, before the verifier sees it."""
+
+    desc: BatchExecutionDescriptor
+    num_reqs: int
+    num_spec_tokens: int
+    draft_token_ids: Int[Tensor, "rows num_spec_tokens"]
+    sample_indices: Int[Tensor, " num_samples"] | None = None
+    anchor_token_ids: Int[Tensor, " num_reqs"] | None = None
+    markov_prev_token_ids: Int[Tensor, "num_reqs num_spec_tokens"] | None = None
+    draft_capacity: Int[Tensor, " num_reqs"] | None = None
+    draft_mask: Bool[Tensor, "num_reqs num_spec_tokens"] | None = None
+    survival: Float[Tensor, "num_reqs num_spec_tokens"] | None = None
+    draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class VerifierFacts:
+    """Verifier input and output with the host-side draft counts the scheduler knows."""
+
+    num_reqs: int
+    num_spec_tokens: int
+    num_draft_tokens: Sequence[int]
+    verifier_input: VerifierInput
+    verifier_output: VerifierOutput | None = None
+    sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
+    """The distribution the drafter actually drew from (VER-3)."""
+
+
+@dataclass(frozen=True, eq=False)
+class CacheFacts:
+    """A snapshot of one paged KV cache's bookkeeping (host-side)."""
+
+    num_blocks_total: int
+    free_blocks: Sequence[int]
+    block_tables: Mapping[str, Sequence[int]]
+    finished_requests: Sequence[str] = ()
+    cache_lengths: Mapping[str, int] | None = None
+    committed_lengths: Mapping[str, int] | None = None
+    block_size: int | None = None

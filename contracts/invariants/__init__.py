@@ -1,0 +1,11 @@
+"""Registered invariants, one module per family; importing this package registers them all."""
+
+from contracts.invariants import (  # noqa: F401
+    autoregressive,
+    block,
+    descriptor,
+    dp,
+    kv,
+    target,
+    verifier,
+)

@@ -1,0 +1,195 @@
+"""AR-*: the autoregressive drafter's prefill and one-query-per-request decode steps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
+
+if TYPE_CHECKING:
+    from contracts.facts import BatchFacts, ProposalFacts
+
+PREFILL = {StepKind.DRAFT_PREFILL}
+DECODE = {StepKind.DRAFT_DECODE}
+DP_PAD_LEAK = (
+    "DP padding leaked into draft attention metadata: the attention token count was built from "
+    "desc.num_tokens (model rows, which include the DP pad) instead of num_reqs_padded (one query per request)"
+)
+
+
+@invariant(
+    "AR-1",
+    "Draft prefill runs the target's desc.num_tokens tokens and copies the target hidden states at that length.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=PREFILL,
+    likely_cause="the draft prefill was sized from the real token count, so DP collectives would not line up",
+    wired=False,
+)
+def ar_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    target = facts.target_desc
+    n = target.num_tokens if target is not None else facts.desc.num_tokens
+    hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
+    if facts.desc.num_tokens != n or facts.input_ids.shape[0] != n or hidden != n:
+        return {"draft desc.num_tokens": facts.desc.num_tokens, "target desc.num_tokens": n, "len(input_ids)": facts.input_ids.shape[0], "hidden rows": hidden}
+    return None
+
+
+@invariant(
+    "AR-2",
+    "The last-token index of request r lies in [query_start_loc[r], query_start_loc[r+1]); padded rows hold 0.",
+    tag=Tag.D,
+    subject=Subject.BATCH,
+    step_kinds=PREFILL,
+    likely_cause="the sampled position was taken from the padded layout or from the neighbouring request",
+    wired=False,
+)
+def ar_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    idx = reader.device(facts.last_token_indices)
+    qsl = reader.device(facts.meta.query_start_loc)
+    if idx is None or qsl is None:
+        return None
+    n = facts.num_reqs
+    bad = [r for r in range(n) if not qsl[r] <= idx[r] < qsl[r + 1]]
+    if bad or any(i != 0 for i in idx[n:]):
+        return {"last_token_indices": idx, "query_start_loc": qsl, "bad requests": bad}
+    return None
+
+
+@invariant(
+    "AR-3",
+    "Draft decode runs FULL or NONE (never PIECEWISE) with uniform_token_count == 1.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    likely_cause="the target's piecewise descriptor was reused for one-query-per-request draft decode",
+    wired=False,
+)
+def ar_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    d = facts.desc
+    if d.cg_mode.name == "PIECEWISE" or d.uniform_token_count != 1:
+        return {"cg_mode": d.cg_mode.name, "uniform_token_count": d.uniform_token_count}
+    return None
+
+
+@invariant(
+    "AR-4",
+    "Draft decode under FULL has desc.num_reqs == desc.num_tokens.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    wired=False,
+)
+def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    d = facts.desc
+    if d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens:
+        return {"desc.num_reqs": d.num_reqs, "desc.num_tokens": d.num_tokens}
+    return None
+
+
+@invariant(
+    "AR-5",
+    "Draft decode attention has num_reqs_padded requests and desc.num_tokens query rows under FULL, num_reqs otherwise; never the DP-padded model rows.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    likely_cause=DP_PAD_LEAK,
+    wired=False,
+)
+def ar_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    d, meta = facts.desc, facts.meta
+    rows = d.num_reqs_padded(facts.num_reqs)
+    want = d.num_tokens if d.cg_mode.name == "FULL" else facts.num_reqs
+    if meta.num_reqs_padded != rows or meta.num_tokens_padded != want or meta.query_start_loc.shape[0] != rows + 1:
+        observed: Observed = {
+            "meta.num_reqs_padded": meta.num_reqs_padded,
+            "meta.num_tokens_padded": meta.num_tokens_padded,
+            "expected num_reqs_padded": rows,
+            "expected attention tokens": want,
+            "desc.num_tokens": d.num_tokens,
+            "num_reqs": facts.num_reqs,
+        }
+        if meta.num_tokens_padded == d.num_tokens != want:
+            observed["likely_cause"] = DP_PAD_LEAK
+        else:
+            observed["likely_cause"] = "draft decode metadata was built for another batch shape"
+        return observed
+    return None
+
+
+@invariant(
+    "AR-6",
+    "Draft decode model inputs (ids, positions, hidden states) have length desc.num_tokens; the DP pad is allowed there.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    likely_cause="model inputs were cut to the request count, so DP collectives would not line up",
+    wired=False,
+)
+def ar_6(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    n = facts.desc.num_tokens
+    hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
+    if facts.input_ids.shape[0] != n or facts.positions.shape[0] != n or hidden != n:
+        return {"len(input_ids)": facts.input_ids.shape[0], "len(positions)": facts.positions.shape[0], "hidden rows": hidden, "desc.num_tokens": n}
+    return None
+
+
+@invariant(
+    "AR-7",
+    "Draft decode query_start_loc[i] == min(i, num_reqs) and max_query_len == 1.",
+    tag=Tag.H,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    likely_cause="padded requests were given a query, or query_start_loc was copied from the target step",
+    wired=False,
+)
+def ar_7(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    meta = facts.meta
+    qsl = reader.host(meta.query_start_loc_cpu)
+    if qsl is None:
+        qsl = reader.device(meta.query_start_loc)
+    want = [min(i, facts.num_reqs) for i in range(meta.query_start_loc.shape[0])]
+    if meta.max_query_len != 1 or (qsl is not None and qsl != want):
+        return {"query_start_loc": qsl, "expected": want, "max_query_len": meta.max_query_len}
+    return None
+
+
+@invariant(
+    "AR-8",
+    "Draft decode step k has positions == min(P + k, max_model_len - 1) and seq_lens == positions + 1 for real requests.",
+    tag=Tag.D,
+    subject=Subject.BATCH,
+    step_kinds=DECODE,
+    likely_cause="positions were not advanced (or advanced twice) between draft steps",
+    wired=False,
+)
+def ar_8(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    if facts.base_positions is None or facts.draft_step is None or facts.max_model_len is None:
+        return None
+    base = reader.device(facts.base_positions)
+    pos = reader.device(facts.positions)
+    seq = reader.device(facts.meta.seq_lens)
+    if base is None or pos is None or seq is None:
+        return None
+    n = facts.num_reqs
+    want = [min(p + facts.draft_step, facts.max_model_len - 1) for p in base[:n]]
+    if pos[:n] != want or seq[:n] != [p + 1 for p in want]:
+        return {"step": facts.draft_step, "positions": pos[:n], "expected positions": want, "seq_lens": seq[:n]}
+    return None
+
+
+@invariant(
+    "AR-9",
+    "The autoregressive proposal has K columns and at least num_reqs rows; rows past num_reqs are never sampled.",
+    tag=Tag.S,
+    subject=Subject.PROPOSAL,
+    step_kinds=DECODE,
+    likely_cause="draft tokens were sampled for padded requests or K was taken from another config",
+    wired=False,
+)
+def ar_9(facts: ProposalFacts, _: ValueReader) -> Observed | None:
+    rows, cols = facts.draft_token_ids.shape
+    padded = facts.desc.num_reqs_padded(facts.num_reqs)
+    if cols != facts.num_spec_tokens or rows not in (facts.num_reqs, padded):
+        return {"draft_token_ids.shape": (rows, cols), "num_reqs": facts.num_reqs, "num_reqs_padded": padded, "K": facts.num_spec_tokens}
+    return None

@@ -1,0 +1,201 @@
+"""BLK-*: block drafters (DFlash, DSpark) run q queries per request in one forward."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contracts.metadata import PAD_SLOT_ID
+from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
+
+if TYPE_CHECKING:
+    from contracts.facts import BatchFacts, ProposalFacts
+
+BLOCK = {StepKind.DRAFT_BLOCK}
+DP_PAD_LEAK = (
+    "DP padding leaked into block-drafter attention metadata: the attention token count was built from "
+    "desc.num_tokens outside FULL mode instead of num_reqs * q"
+)
+
+
+def _q(facts: BatchFacts) -> int:
+    return facts.meta.query_width or 0
+
+
+@invariant(
+    "BLK-1",
+    "The query width q is 1 + N for the bonus-first layout (DFlash) and N or 1 + N for anchor-first (DSpark).",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    wired=False,
+)
+def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    q, n = _q(facts), facts.num_spec_tokens
+    if n is None:
+        return None
+    allowed = {n + 1} if facts.block_layout != "anchor_first" else {n, n + 1}
+    if q not in allowed:
+        return {"query_width": q, "N": n, "layout": facts.block_layout, "allowed": sorted(allowed)}
+    return None
+
+
+@invariant(
+    "BLK-2",
+    "A block step has uniform_token_count == q, and under FULL desc.num_tokens == desc.num_reqs * q.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    wired=False,
+)
+def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    d, q = facts.desc, _q(facts)
+    full_bad = d.cg_mode.name == "FULL" and d.num_reqs is not None and d.num_tokens != d.num_reqs * q
+    if d.uniform_token_count != q or full_bad:
+        return {"uniform_token_count": d.uniform_token_count, "q": q, "desc.num_tokens": d.num_tokens, "desc.num_reqs": d.num_reqs}
+    return None
+
+
+@invariant(
+    "BLK-3",
+    "Block attention has desc.num_tokens query rows under FULL and num_reqs * q otherwise, with max_query_len == q.",
+    tag=Tag.S,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    likely_cause=DP_PAD_LEAK,
+    wired=False,
+)
+def blk_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
+    d, meta, q = facts.desc, facts.meta, _q(facts)
+    want = d.num_tokens if d.cg_mode.name == "FULL" else facts.num_reqs * q
+    if meta.num_tokens_padded != want or meta.max_query_len != q:
+        observed: Observed = {
+            "meta.num_tokens_padded": meta.num_tokens_padded,
+            "expected attention tokens": want,
+            "meta.max_query_len": meta.max_query_len,
+            "q": q,
+            "desc.num_tokens": d.num_tokens,
+            "num_reqs": facts.num_reqs,
+        }
+        if meta.num_tokens_padded != d.num_tokens or d.num_tokens == want:
+            observed["likely_cause"] = "block metadata was built for another batch shape"
+        return observed
+    return None
+
+
+@invariant(
+    "BLK-4",
+    "Block query_start_loc[r] == r * q for r <= num_reqs and num_reqs * q after.",
+    tag=Tag.SH,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    likely_cause="padded requests were given queries (they must be zero-length)",
+    wired=False,
+)
+def blk_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    meta, q = facts.meta, _q(facts)
+    qsl = reader.host(meta.query_start_loc_cpu)
+    if qsl is None:
+        qsl = reader.device(meta.query_start_loc)
+    if qsl is None:
+        return None
+    want = [min(r, facts.num_reqs) * q for r in range(len(qsl))]
+    if qsl != want:
+        return {"query_start_loc": qsl, "expected": want}
+    return None
+
+
+@invariant(
+    "BLK-5",
+    "Block query positions are last_valid + 1 + j and seq_lens == last_valid + 1 + q, clamped to max_model_len.",
+    tag=Tag.D,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    likely_cause="the block was placed at the last verified position instead of after it (off by one)",
+    wired=False,
+)
+def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    if facts.base_positions is None or facts.max_model_len is None:
+        return None
+    base, pos, seq = (reader.device(t) for t in (facts.base_positions, facts.positions, facts.meta.seq_lens))
+    if base is None or pos is None or seq is None:
+        return None
+    q, top = _q(facts), facts.max_model_len - 1
+    want_pos = [min(b + 1 + j, top) for b in base[: facts.num_reqs] for j in range(q)]
+    want_seq = [min(b + 1 + q, facts.max_model_len) for b in base[: facts.num_reqs]]
+    if pos[: len(want_pos)] != want_pos or seq[: facts.num_reqs] != want_seq:
+        return {"positions": pos[: len(want_pos)], "expected positions": want_pos, "seq_lens": seq[: facts.num_reqs], "expected seq_lens": want_seq}
+    return None
+
+
+@invariant(
+    "BLK-6",
+    "Slots are PAD_SLOT_ID for padded query rows and for rejected context rows; block rows are never cached.",
+    tag=Tag.D,
+    subject=Subject.BATCH,
+    step_kinds=BLOCK,
+    likely_cause="rejected or padded rows would write into the draft KV cache",
+    wired=False,
+)
+def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    slots = reader.device(facts.meta.slot_mapping)
+    if slots is not None and any(s != PAD_SLOT_ID for s in slots):
+        return {"block slot_mapping": slots, "problem": "block K/V are discarded after the step; every block row must hold PAD_SLOT_ID"}
+    ctx = reader.device(facts.context_slot_mapping)
+    ok = reader.device(facts.context_committed)
+    if ctx is None or ok is None:
+        return None
+    bad = [i for i, (s, keep) in enumerate(zip(ctx, ok, strict=True)) if not keep and s != PAD_SLOT_ID]
+    if bad:
+        return {"context rows not committed but written": bad, "context slot_mapping": ctx}
+    return None
+
+
+@invariant(
+    "BLK-7",
+    "Exactly num_reqs * N rows are sampled, all inside [0, desc.num_tokens).",
+    tag=Tag.SD,
+    subject=Subject.PROPOSAL,
+    step_kinds=BLOCK,
+    likely_cause="padded requests were sampled, or sample indices were computed for a DP-padded layout",
+    wired=False,
+)
+def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
+    idx_t = facts.sample_indices
+    if idx_t is None:
+        return None
+    want = facts.num_reqs * facts.num_spec_tokens
+    if idx_t.shape[0] != want:
+        return {"sampled rows": idx_t.shape[0], "num_reqs * N": want}
+    idx = reader.device(idx_t)
+    if idx is not None and any(not 0 <= i < facts.desc.num_tokens for i in idx):
+        return {"sample_indices": idx, "desc.num_tokens": facts.desc.num_tokens}
+    return None
+
+
+@invariant(
+    "BLK-8",
+    "DSpark: the Markov chain starts at the anchor, capacities lie in [0, N] and form a prefix, survival never increases.",
+    tag=Tag.D,
+    subject=Subject.PROPOSAL,
+    step_kinds=BLOCK,
+    backends={"dspark"},
+    likely_cause="Markov chain seeded with the wrong token, or capacity selection produced a non-prefix mask",
+    wired=False,
+)
+def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
+    n = facts.num_spec_tokens
+    prev, anchor = reader.device(facts.markov_prev_token_ids), reader.device(facts.anchor_token_ids)
+    if prev is not None and anchor is not None and [row[0] for row in prev] != anchor[: len(prev)]:
+        return {"markov first tokens": [row[0] for row in prev], "anchors": anchor}
+    cap, mask = reader.device(facts.draft_capacity), reader.device(facts.draft_mask)
+    if cap is not None and any(not 0 <= c <= n for c in cap):
+        return {"draft_capacity": cap, "N": n}
+    if mask is not None:
+        for r, row in enumerate(mask):
+            k = sum(bool(x) for x in row)
+            if list(map(bool, row)) != [True] * k + [False] * (len(row) - k) or (cap is not None and k != cap[r]):
+                return {"request": r, "draft_mask row": row, "capacity": None if cap is None else cap[r]}
+    surv = reader.device(facts.survival)
+    if surv is not None and any(b > a + 1e-6 for row in surv for a, b in zip(row, row[1:], strict=False)):
+        return {"survival": surv}
+    return None

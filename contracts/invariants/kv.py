@@ -1,0 +1,66 @@
+"""KV-*: paged KV cache bookkeeping never loses or double-books a block."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
+
+if TYPE_CHECKING:
+    from contracts.facts import CacheFacts
+
+
+@invariant(
+    "KV-1",
+    "Blocks in use plus free blocks equal the total, no block is held twice, and finished requests hold none.",
+    tag=Tag.H,
+    subject=Subject.CACHE,
+    step_kinds={StepKind.CACHE},
+    likely_cause="a finished or preempted request did not return its blocks, or a block was freed twice",
+)
+def kv_1(facts: CacheFacts, _: ValueReader) -> Observed | None:
+    used = [b for table in facts.block_tables.values() for b in table]
+    counts = Counter(used) + Counter(facts.free_blocks)
+    duplicated = sorted(b for b, n in counts.items() if n > 1)
+    out_of_range = sorted(b for b in counts if not 0 <= b < facts.num_blocks_total)
+    holding = sorted(r for r in facts.finished_requests if facts.block_tables.get(r))
+    if len(used) + len(facts.free_blocks) != facts.num_blocks_total or duplicated or out_of_range or holding:
+        return {
+            "in_use": len(used),
+            "free": len(facts.free_blocks),
+            "total": facts.num_blocks_total,
+            "blocks held twice": duplicated,
+            "blocks out of range": out_of_range,
+            "finished requests still holding blocks": holding,
+        }
+    return None
+
+
+@invariant(
+    "KV-2",
+    "After verification each cache holds exactly the committed length of every request; rejected positions are rolled back.",
+    tag=Tag.H,
+    subject=Subject.CACHE,
+    step_kinds={StepKind.CACHE},
+    likely_cause="KV written for rejected draft positions was not rolled back",
+)
+def kv_2(facts: CacheFacts, _: ValueReader) -> Observed | None:
+    if facts.cache_lengths is None or facts.committed_lengths is None:
+        return None
+    wrong = {
+        r: (facts.cache_lengths.get(r), n)
+        for r, n in facts.committed_lengths.items()
+        if facts.cache_lengths.get(r) != n
+    }
+    if facts.block_size is not None:
+        short = {
+            r: (len(facts.block_tables.get(r, ())), n)
+            for r, n in facts.committed_lengths.items()
+            if len(facts.block_tables.get(r, ())) * facts.block_size < n
+        }
+    else:
+        short = {}
+    if wrong or short:
+        return {"(cached, committed) per request": wrong, "(blocks, committed) too few blocks": short}
+    return None

@@ -1,0 +1,198 @@
+"""The invariant registry: one entry per invariant, the single source of the catalog."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.violation import ContractViolation
+
+
+class Tag(enum.Enum):
+    """How much an invariant costs to check, which decides the mode it runs in.
+
+    A mixed tag (``S+H``, ``S+D``) checks shapes always and reads values only
+    where the value reader allows it in the current mode.
+    """
+
+    S = "S"
+    H = "H"
+    SH = "S+H"
+    SD = "S+D"
+    D = "D"
+    X = "X"  # cross-rank: checked by comparing what every rank saw
+
+    @property
+    def needs_full(self) -> bool:
+        return self is Tag.D
+
+
+class StepKind(enum.Enum):
+    """Where in a step an object is checked; invariants apply to some kinds only."""
+
+    DISPATCH = "dispatch"
+    DP_SYNC = "dp_sync"
+    TARGET = "target"
+    DRAFT_PREFILL = "draft_prefill"
+    DRAFT_DECODE = "draft_decode"
+    DRAFT_BLOCK = "draft_block"
+    PROPOSAL = "proposal"
+    VERIFY = "verify"
+    CACHE = "cache"
+
+
+class Subject(enum.Enum):
+    """The kind of object an invariant is a statement about."""
+
+    DESCRIPTOR = "descriptor"
+    DP = "dp"
+    BATCH = "batch"
+    PROPOSAL = "proposal"
+    VERIFIER = "verifier"
+    CACHE = "cache"
+
+
+Observed = dict[str, Any]
+CheckFn = Callable[[Any, "ValueReader"], Observed | None]
+
+
+class ValueReader:
+    """The only way a check reads tensor values, so each mode's cost is enforced here.
+
+    ``host`` reads tensors that live in host memory (free in every mode);
+    ``device`` reads device tensors only in ``full`` mode and never while a CUDA
+    graph is being captured. Fake and meta tensors are never read.
+    """
+
+    __slots__ = ("allow_device",)
+
+    def __init__(self, allow_device: bool) -> None:
+        self.allow_device = allow_device
+
+    @staticmethod
+    def _is_unreadable(t: Any) -> bool:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return bool(t.is_meta) or isinstance(t, FakeTensor)
+
+    def host(self, t: Any) -> list[Any] | None:
+        if t is None or self._is_unreadable(t) or t.device.type != "cpu":
+            return None
+        return list(t.tolist())
+
+    def device(self, t: Any) -> list[Any] | None:
+        if t is None or self._is_unreadable(t):
+            return None
+        if t.device.type == "cpu":
+            return list(t.tolist())
+        if not self.allow_device:
+            return None
+        return list(t.tolist())
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    statement: str
+    tag: Tag
+    subject: Subject
+    step_kinds: frozenset[StepKind]
+    check: CheckFn
+    backends: frozenset[str] | None = None
+    likely_cause: str | None = None
+    wired: bool = True
+    family: str = field(default="")
+
+    def applies_to(self, step_kind: StepKind, backend: str | None) -> bool:
+        if step_kind not in self.step_kinds:
+            return False
+        return self.backends is None or backend is None or backend in self.backends
+
+
+REGISTRY: dict[str, Invariant] = {}
+_INDEX: dict[tuple[Subject, StepKind], tuple[Invariant, ...]] = {}
+
+
+def invariant(
+    id: str,
+    statement: str,
+    *,
+    tag: Tag,
+    subject: Subject,
+    step_kinds: set[StepKind] | frozenset[StepKind],
+    backends: set[str] | None = None,
+    likely_cause: str | None = None,
+    wired: bool = True,
+) -> Callable[[CheckFn], CheckFn]:
+    """Register ``check`` under ``id``; the catalog is generated from these entries."""
+
+    def register(check: CheckFn) -> CheckFn:
+        if id in REGISTRY:
+            raise ValueError(f"invariant {id} registered twice")
+        REGISTRY[id] = Invariant(
+            id=id,
+            statement=statement,
+            tag=tag,
+            subject=subject,
+            step_kinds=frozenset(step_kinds),
+            check=check,
+            backends=frozenset(backends) if backends is not None else None,
+            likely_cause=likely_cause,
+            wired=wired,
+            family=id.split("-")[0],
+        )
+        _INDEX.clear()
+        return check
+
+    return register
+
+
+def invariants_for(subject: Subject, step_kind: StepKind) -> tuple[Invariant, ...]:
+    key = (subject, step_kind)
+    found = _INDEX.get(key)
+    if found is None:
+        found = tuple(
+            sorted(
+                (inv for inv in REGISTRY.values() if inv.subject is subject and step_kind in inv.step_kinds),
+                key=_catalog_order,
+            )
+        )
+        _INDEX[key] = found
+    return found
+
+
+def all_invariants() -> Iterator[Invariant]:
+    return iter(sorted(REGISTRY.values(), key=_catalog_order))
+
+
+_FAMILY_ORDER = ["DESC", "DP", "TGT", "AR", "BLK", "VER", "KV"]
+
+
+def _catalog_order(inv: Invariant) -> tuple[int, int, str]:
+    family, _, number = inv.id.partition("-")
+    rank = _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER)
+    return (rank, int(number) if number.isdigit() else 0, inv.id)
+
+
+def violation(
+    invariant_id: str,
+    observed: Observed,
+    *,
+    descriptor: Any = None,
+    step_kind: StepKind | None = None,
+    component: str | None = None,
+    likely_cause: str | None = None,
+) -> ContractViolation:
+    """Build the error for a registered invariant, with its statement and known cause."""
+    inv = REGISTRY[invariant_id]
+    return ContractViolation(
+        invariant_id,
+        inv.statement,
+        observed,
+        descriptor=descriptor,
+        step_kind=step_kind.value if step_kind is not None else None,
+        component=component,
+        likely_cause=likely_cause if likely_cause is not None else inv.likely_cause,
+    )
