@@ -32,8 +32,8 @@ class DPFacts:
     desc: BatchExecutionDescriptor
     rank: int
     num_tokens: int
-    collective_seqs: tuple[int, ...] | None = None
-    """The collective counter every rank reported in this sync, gathered."""
+    collective_seqs: tuple[tuple[int, int], ...] | None = None
+    """(collectives run so far, purpose tag) as every rank reported them in this sync."""
     peer_states: Sequence[DPSyncState] | None = None
     """Sync results of every rank, where one process can see them all."""
 

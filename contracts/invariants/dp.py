@@ -67,7 +67,7 @@ def dp_2(facts: DPFacts, _: ValueReader) -> Observed | None:
 def dp_3(facts: DPFacts, _: ValueReader) -> Observed | None:
     seqs = facts.collective_seqs
     if seqs is not None and len(set(seqs)) > 1:
-        return {"rank": facts.rank, "collective count per rank": list(seqs)}
+        return {"rank": facts.rank, "(collectives run, purpose tag) per rank": list(seqs)}
     peers = facts.peer_states
     if peers is not None and any(p != facts.state for p in peers):
         return {"rank": facts.rank, "sync results": [repr(p) for p in peers]}
