@@ -32,7 +32,7 @@ def render_markdown() -> str:
     lines += [f"- **[{tag}]** {meaning}" for tag, meaning in _TAG_MEANING.items()]
     lines += [
         "",
-        "\"Wired\" says whether the runtime already checks the invariant at a step boundary;",
+        '"Wired" says whether the runtime already checks the invariant at a step boundary;',
         "an unwired one is registered and tested by direct triggering, and is wired by the",
         "component that produces its subject.",
         "",

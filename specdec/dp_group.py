@@ -44,7 +44,7 @@ class DPGroup(Protocol):
         """Every rank's ``row``, stacked by rank; one collective."""
         ...
 
-    def all_gather_equal(self, x: Shaped[Tensor, "rows *rest"], *, name: str) -> Shaped[Tensor, "dp_rows *rest"]:
+    def all_gather_equal(self, x: Shaped[Tensor, rows * rest], *, name: str) -> Shaped[Tensor, dp_rows * rest]:
         """Concatenate equal-size tensors from every rank (expert-parallel dispatch)."""
         ...
 
@@ -125,7 +125,7 @@ class InProcessDPGroup:
         gathered = self._exchange(name, row.detach().clone())
         return torch.stack([value for _, _, value in gathered])
 
-    def all_gather_equal(self, x: Shaped[Tensor, "rows *rest"], *, name: str) -> Shaped[Tensor, "dp_rows *rest"]:
+    def all_gather_equal(self, x: Shaped[Tensor, rows * rest], *, name: str) -> Shaped[Tensor, dp_rows * rest]:
         gathered = self._exchange(name, x.detach().clone())
         shapes = {tuple(value.shape) for _, _, value in gathered}
         if len(shapes) != 1:
@@ -219,7 +219,7 @@ class TorchDistributedDPGroup:
         self._guard(name, lambda: self._dist.all_reduce(table, group=self._group))
         return table
 
-    def all_gather_equal(self, x: Shaped[Tensor, "rows *rest"], *, name: str) -> Shaped[Tensor, "dp_rows *rest"]:
+    def all_gather_equal(self, x: Shaped[Tensor, rows * rest], *, name: str) -> Shaped[Tensor, dp_rows * rest]:
         parts = [torch.empty_like(x) for _ in range(self._size)]
         self._guard(name, lambda: self._dist.all_gather(parts, x.contiguous(), group=self._group))
         return torch.cat(parts)

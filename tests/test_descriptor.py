@@ -61,7 +61,15 @@ def test_violation_message_names_everything_an_operator_needs() -> None:
     with pytest.raises(ContractViolation) as info:
         check(Subject.DESCRIPTOR, DescriptorFacts(desc, 4, 6), step_kind=StepKind.TARGET, component="engine")
     text = str(info.value)
-    for part in ("[DESC-5]", "num_tokens >= the real token count", "real num_tokens", "descriptor:", "step kind: target", "component: engine", "likely cause:"):
+    for part in (
+        "[DESC-5]",
+        "num_tokens >= the real token count",
+        "real num_tokens",
+        "descriptor:",
+        "step kind: target",
+        "component: engine",
+        "likely cause:",
+    ):
         assert part in text
 
 

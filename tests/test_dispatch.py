@@ -32,14 +32,23 @@ def test_dispatch_is_valid_minimal_and_mode_capped(config: CaptureConfig, batch:
             assert all(s % batch.uniform_token_count for s in smaller)
         else:
             assert allow_pw and not smaller
-    if desc.cg_mode is CUDAGraphMode.PIECEWISE and batch.uniform_token_count is not None and config.mode is CUDAGraphMode.FULL:
+    if (
+        desc.cg_mode is CUDAGraphMode.PIECEWISE
+        and batch.uniform_token_count is not None
+        and config.mode is CUDAGraphMode.FULL
+    ):
         # FULL was possible only if a capture size divisible by u fits.
         assert config.bucket(batch.num_tokens, batch.uniform_token_count) is None
 
 
 def test_dispatch_examples() -> None:
     cfg = CaptureConfig(mode=CUDAGraphMode.FULL, capture_sizes=(1, 2, 4, 8, 16))
-    assert dispatch(12, 12, 1, cfg).model_dump() == {"cg_mode": CUDAGraphMode.FULL, "num_tokens": 16, "num_reqs": 16, "uniform_token_count": 1}
+    assert dispatch(12, 12, 1, cfg).model_dump() == {
+        "cg_mode": CUDAGraphMode.FULL,
+        "num_tokens": 16,
+        "num_reqs": 16,
+        "uniform_token_count": 1,
+    }
     # verify batch of K+1 = 3 tokens per request: 4 requests = 12 tokens, no capture size divisible by 3 -> piecewise
     assert dispatch(4, 12, 3, cfg).cg_mode is CUDAGraphMode.PIECEWISE
     assert dispatch(4, 12, 3, cfg, allow_piecewise=False).cg_mode is CUDAGraphMode.NONE

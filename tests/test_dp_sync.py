@@ -45,9 +45,7 @@ def test_sync_result_identical_and_rules_hold(cfg: StepConfig) -> None:
         assert state.all_idle and all(d.num_tokens == 0 for _, d in results)
         return
     # the minimum of the locally dispatched modes wins; idle ranks do not veto
-    local_modes = [
-        dispatch(b.num_reqs, b.num_tokens, b.uniform_token_count, cfg.capture).cg_mode for b in busy
-    ]
+    local_modes = [dispatch(b.num_reqs, b.num_tokens, b.uniform_token_count, cfg.capture).cg_mode for b in busy]
     assert state.cg_mode <= min(local_modes)
     for batch, (_, desc) in zip(cfg.ranks, results, strict=True):
         assert desc.num_tokens >= batch.num_tokens
@@ -149,12 +147,18 @@ def _none(num_tokens: int, num_reqs: int) -> BatchExecutionDescriptor:
             "DP-1",
         ),
         (
-            DPFacts(DPSyncState(dp_size=2, cg_mode=CUDAGraphMode.NONE, num_tokens_across_dp=(13, 12)), _none(13, 12), 1, 12),
+            DPFacts(
+                DPSyncState(dp_size=2, cg_mode=CUDAGraphMode.NONE, num_tokens_across_dp=(13, 12)), _none(13, 12), 1, 12
+            ),
             "DP-2",
         ),
         (
             DPFacts(
-                DPSyncState(dp_size=2, cg_mode=CUDAGraphMode.NONE, num_tokens_across_dp=(3, 4)), _none(3, 3), 0, 3, collective_seqs=((4, 7), (5, 7))
+                DPSyncState(dp_size=2, cg_mode=CUDAGraphMode.NONE, num_tokens_across_dp=(3, 4)),
+                _none(3, 3),
+                0,
+                3,
+                collective_seqs=((4, 7), (5, 7)),
             ),
             "DP-3",
         ),

@@ -31,7 +31,12 @@ def ar_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     n = target.num_tokens if target is not None else facts.desc.num_tokens
     hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
     if facts.desc.num_tokens != n or facts.input_ids.shape[0] != n or hidden != n:
-        return {"draft desc.num_tokens": facts.desc.num_tokens, "target desc.num_tokens": n, "len(input_ids)": facts.input_ids.shape[0], "hidden rows": hidden}
+        return {
+            "draft desc.num_tokens": facts.desc.num_tokens,
+            "target desc.num_tokens": n,
+            "len(input_ids)": facts.input_ids.shape[0],
+            "hidden rows": hidden,
+        }
     return None
 
 
@@ -58,7 +63,7 @@ def ar_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "AR-3",
-    "Draft decode runs FULL or NONE (never PIECEWISE) with uniform_token_count == 1.",
+    "Draft decode runs FULL or NONE, never PIECEWISE.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=DECODE,
@@ -67,23 +72,28 @@ def ar_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
 )
 def ar_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
-    if d.cg_mode.name == "PIECEWISE" or d.uniform_token_count != 1:
-        return {"cg_mode": d.cg_mode.name, "uniform_token_count": d.uniform_token_count}
+    if d.cg_mode.name == "PIECEWISE":
+        return {"cg_mode": d.cg_mode.name}
     return None
 
 
 @invariant(
     "AR-4",
-    "Draft decode under FULL has desc.num_reqs == desc.num_tokens.",
+    "Draft decode has uniform_token_count == 1 and, under FULL, desc.num_reqs == desc.num_tokens.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=DECODE,
+    likely_cause="a verify-shaped (K+1 tokens per request) descriptor was reused for one-query draft decode",
     wired=False,
 )
 def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
-    if d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens:
-        return {"desc.num_reqs": d.num_reqs, "desc.num_tokens": d.num_tokens}
+    if d.uniform_token_count != 1 or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
+        return {
+            "uniform_token_count": d.uniform_token_count,
+            "desc.num_reqs": d.num_reqs,
+            "desc.num_tokens": d.num_tokens,
+        }
     return None
 
 
@@ -130,7 +140,12 @@ def ar_6(facts: BatchFacts, _: ValueReader) -> Observed | None:
     n = facts.desc.num_tokens
     hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
     if facts.input_ids.shape[0] != n or facts.positions.shape[0] != n or hidden != n:
-        return {"len(input_ids)": facts.input_ids.shape[0], "len(positions)": facts.positions.shape[0], "hidden rows": hidden, "desc.num_tokens": n}
+        return {
+            "len(input_ids)": facts.input_ids.shape[0],
+            "len(positions)": facts.positions.shape[0],
+            "hidden rows": hidden,
+            "desc.num_tokens": n,
+        }
     return None
 
 
@@ -191,5 +206,10 @@ def ar_9(facts: ProposalFacts, _: ValueReader) -> Observed | None:
     rows, cols = facts.draft_token_ids.shape
     padded = facts.desc.num_reqs_padded(facts.num_reqs)
     if cols != facts.num_spec_tokens or rows not in (facts.num_reqs, padded):
-        return {"draft_token_ids.shape": (rows, cols), "num_reqs": facts.num_reqs, "num_reqs_padded": padded, "K": facts.num_spec_tokens}
+        return {
+            "draft_token_ids.shape": (rows, cols),
+            "num_reqs": facts.num_reqs,
+            "num_reqs_padded": padded,
+            "K": facts.num_spec_tokens,
+        }
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from contracts.metadata import PAD_SLOT_ID
@@ -51,7 +52,12 @@ def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, q = facts.desc, _q(facts)
     full_bad = d.cg_mode.name == "FULL" and d.num_reqs is not None and d.num_tokens != d.num_reqs * q
     if d.uniform_token_count != q or full_bad:
-        return {"uniform_token_count": d.uniform_token_count, "q": q, "desc.num_tokens": d.num_tokens, "desc.num_reqs": d.num_reqs}
+        return {
+            "uniform_token_count": d.uniform_token_count,
+            "q": q,
+            "desc.num_tokens": d.num_tokens,
+            "desc.num_reqs": d.num_reqs,
+        }
     return None
 
 
@@ -123,7 +129,12 @@ def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     want_pos = [min(b + 1 + j, top) for b in base[: facts.num_reqs] for j in range(q)]
     want_seq = [min(b + 1 + q, facts.max_model_len) for b in base[: facts.num_reqs]]
     if pos[: len(want_pos)] != want_pos or seq[: facts.num_reqs] != want_seq:
-        return {"positions": pos[: len(want_pos)], "expected positions": want_pos, "seq_lens": seq[: facts.num_reqs], "expected seq_lens": want_seq}
+        return {
+            "positions": pos[: len(want_pos)],
+            "expected positions": want_pos,
+            "seq_lens": seq[: facts.num_reqs],
+            "expected seq_lens": want_seq,
+        }
     return None
 
 
@@ -139,7 +150,10 @@ def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
 def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     slots = reader.device(facts.meta.slot_mapping)
     if slots is not None and any(s != PAD_SLOT_ID for s in slots):
-        return {"block slot_mapping": slots, "problem": "block K/V are discarded after the step; every block row must hold PAD_SLOT_ID"}
+        return {
+            "block slot_mapping": slots,
+            "problem": "block K/V are discarded after the step; every block row must hold PAD_SLOT_ID",
+        }
     ctx = reader.device(facts.context_slot_mapping)
     ok = reader.device(facts.context_committed)
     if ctx is None or ok is None:
@@ -196,6 +210,6 @@ def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
             if list(map(bool, row)) != [True] * k + [False] * (len(row) - k) or (cap is not None and k != cap[r]):
                 return {"request": r, "draft_mask row": row, "capacity": None if cap is None else cap[r]}
     surv = reader.device(facts.survival)
-    if surv is not None and any(b > a + 1e-6 for row in surv for a, b in zip(row, row[1:], strict=False)):
+    if surv is not None and any(b > a + 1e-6 for row in surv for a, b in itertools.pairwise(row)):
         return {"survival": surv}
     return None

@@ -98,9 +98,9 @@ def desc_4(facts: DescriptorFacts, _: ValueReader) -> Observed | None:
 
 def _desc_4(desc: BatchExecutionDescriptor) -> Observed | None:
     u = desc.uniform_token_count
-    if desc.cg_mode.name == "FULL" and u is not None and desc.num_reqs is not None:
-        if desc.num_tokens != desc.num_reqs * u:
-            return {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs, "uniform_token_count": u}
+    full = desc.cg_mode.name == "FULL" and u is not None and desc.num_reqs is not None
+    if full and desc.num_tokens != desc.num_reqs * u:  # type: ignore[operator]
+        return {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs, "uniform_token_count": u}
     return None
 
 
@@ -114,7 +114,11 @@ def _desc_4(desc: BatchExecutionDescriptor) -> Observed | None:
 )
 def desc_5(facts: DescriptorFacts, _: ValueReader) -> Observed | None:
     desc = facts.desc
-    observed = {"desc.num_tokens": desc.num_tokens, "real num_tokens": facts.num_tokens, "all_ranks_idle": facts.all_ranks_idle}
+    observed = {
+        "desc.num_tokens": desc.num_tokens,
+        "real num_tokens": facts.num_tokens,
+        "all_ranks_idle": facts.all_ranks_idle,
+    }
     if desc.num_tokens < facts.num_tokens:
         return observed
     if facts.all_ranks_idle is not None and (desc.num_tokens == 0) != facts.all_ranks_idle:
@@ -141,7 +145,11 @@ def _desc_6(desc: BatchExecutionDescriptor) -> Observed | None:
         or (desc.num_reqs is not None and desc.num_reqs > 0 and desc.num_tokens == 0)
     )
     if bad:
-        return {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs, "uniform_token_count": desc.uniform_token_count}
+        return {
+            "num_tokens": desc.num_tokens,
+            "num_reqs": desc.num_reqs,
+            "uniform_token_count": desc.uniform_token_count,
+        }
     return None
 
 

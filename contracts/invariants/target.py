@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from contracts.metadata import PAD_SLOT_ID
@@ -24,7 +25,11 @@ TARGET = {StepKind.TARGET}
 def tgt_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     n = facts.desc.num_tokens
     if facts.input_ids.shape[0] != n or facts.positions.shape[0] != n:
-        return {"len(input_ids)": facts.input_ids.shape[0], "len(positions)": facts.positions.shape[0], "desc.num_tokens": n}
+        return {
+            "len(input_ids)": facts.input_ids.shape[0],
+            "len(positions)": facts.positions.shape[0],
+            "desc.num_tokens": n,
+        }
     return None
 
 
@@ -32,7 +37,7 @@ def query_start_loc_problem(qsl: list[int], num_reqs: int, num_tokens: int) -> s
     """Why ``qsl`` is not a valid padded prefix sum (padded requests empty), or None."""
     if not qsl or qsl[0] != 0:
         return "does not start at 0"
-    if any(b < a for a, b in zip(qsl, qsl[1:], strict=False)):
+    if any(b < a for a, b in itertools.pairwise(qsl)):
         return "decreases (a padded entry of -1?)"
     if any(v != num_tokens for v in qsl[num_reqs:]):
         return f"entries from num_reqs on must all equal the real token count {num_tokens}"
@@ -51,7 +56,11 @@ def tgt_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     meta = facts.meta
     rows = facts.desc.num_reqs_padded(facts.num_reqs)
     if meta.num_reqs_padded != rows or meta.query_start_loc.shape[0] != rows + 1:
-        return {"num_reqs_padded": rows, "meta.num_reqs_padded": meta.num_reqs_padded, "len(query_start_loc)": meta.query_start_loc.shape[0]}
+        return {
+            "num_reqs_padded": rows,
+            "meta.num_reqs_padded": meta.num_reqs_padded,
+            "len(query_start_loc)": meta.query_start_loc.shape[0],
+        }
     qsl = reader.host(meta.query_start_loc_cpu)
     if qsl is None:
         qsl = reader.device(meta.query_start_loc)
@@ -153,7 +162,11 @@ def tgt_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
 def tgt_6(facts: VerifierFacts, _: ValueReader) -> Observed | None:
     drafts = list(facts.num_draft_tokens)
     rows = facts.verifier_input.target_logits.shape[0]
-    if len(drafts) != facts.num_reqs or rows != sum(d + 1 for d in drafts) or any(d > facts.num_spec_tokens or d < 0 for d in drafts):
+    if (
+        len(drafts) != facts.num_reqs
+        or rows != sum(d + 1 for d in drafts)
+        or any(d > facts.num_spec_tokens or d < 0 for d in drafts)
+    ):
         return {"logits rows": rows, "num_draft_tokens": drafts, "num_reqs": facts.num_reqs, "K": facts.num_spec_tokens}
     return None
 
@@ -177,11 +190,15 @@ def tgt_7(facts: BatchFacts, reader: ValueReader) -> Observed | None:
         "real num_tokens": facts.num_tokens,
         "desc.num_tokens": facts.desc.num_tokens,
     }
-    if (meta.num_reqs, meta.num_tokens, meta.num_tokens_padded) != (facts.num_reqs, facts.num_tokens, facts.desc.num_tokens):
+    if (meta.num_reqs, meta.num_tokens, meta.num_tokens_padded) != (
+        facts.num_reqs,
+        facts.num_tokens,
+        facts.desc.num_tokens,
+    ):
         return observed
     qsl = reader.host(meta.query_start_loc_cpu)
     if qsl is not None and len(qsl) > 1:
-        longest = max(b - a for a, b in zip(qsl, qsl[1:], strict=False))
+        longest = max(b - a for a, b in itertools.pairwise(qsl))
         if meta.max_query_len != longest:
             return {**observed, "longest query": longest}
     return None

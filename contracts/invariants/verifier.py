@@ -76,7 +76,11 @@ def ver_3(facts: VerifierFacts, _: ValueReader) -> Observed | None:
     given, drawn = facts.verifier_input.draft_probs, facts.sampled_from
     if given is None and drawn is None:
         return None
-    if given is None or drawn is None or given is not drawn and (given.data_ptr() != drawn.data_ptr() or given.shape != drawn.shape):
+    if (
+        given is None
+        or drawn is None
+        or (given is not drawn and (given.data_ptr() != drawn.data_ptr() or given.shape != drawn.shape))
+    ):
         return {
             "given proposal": None if given is None else tuple(given.shape),
             "drawn from": None if drawn is None else tuple(drawn.shape),

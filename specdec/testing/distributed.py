@@ -7,6 +7,7 @@ collective fails the caller with the rank's own error instead of hanging CI.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import socket
@@ -57,10 +58,8 @@ def _rank_main(
             out.put((rank, False, RuntimeError(traceback.format_exc())))
     finally:
         if dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:
-                pass
 
 
 def run_gloo(

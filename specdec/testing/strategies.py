@@ -10,8 +10,8 @@ ranks, every graph mode with arbitrary capture sizes, mixed prefill and decode.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import no_type_check
 from dataclasses import dataclass
+from typing import no_type_check
 
 from hypothesis import strategies as st
 
@@ -164,7 +164,23 @@ def invalid_descriptors(draw: st.DrawFn) -> BrokenDescriptorCase:
     n = draw(st.integers(1, 24))
     u = draw(st.integers(1, 8))
     extra = draw(st.integers(1, 8))
-    choice = draw(st.sampled_from(["DESC-1a", "DESC-1b", "DESC-2a", "DESC-2b", "DESC-3a", "DESC-3b", "DESC-4", "DESC-5a", "DESC-5b", "DESC-6a", "DESC-6b"]))
+    choice = draw(
+        st.sampled_from(
+            [
+                "DESC-1a",
+                "DESC-1b",
+                "DESC-2a",
+                "DESC-2b",
+                "DESC-3a",
+                "DESC-3b",
+                "DESC-4",
+                "DESC-5a",
+                "DESC-5b",
+                "DESC-6a",
+                "DESC-6b",
+            ]
+        )
+    )
 
     def case(
         desc_kwargs: dict[str, object], num_reqs: int, num_tokens: int, all_idle: bool | None = None
@@ -174,17 +190,53 @@ def invalid_descriptors(draw: st.DrawFn) -> BrokenDescriptorCase:
         )
 
     table: dict[str, tuple[str, Callable[[], DescriptorCase], str]] = {
-        "DESC-1a": ("DESC-1", case({"cg_mode": piecewise, "num_tokens": n + extra, "num_reqs": n}, n, n), "piecewise with request padding"),
-        "DESC-1b": ("DESC-1", case({"cg_mode": piecewise, "num_tokens": n * u, "uniform_token_count": u}, n, n * u), "piecewise with a uniform shape"),
+        "DESC-1a": (
+            "DESC-1",
+            case({"cg_mode": piecewise, "num_tokens": n + extra, "num_reqs": n}, n, n),
+            "piecewise with request padding",
+        ),
+        "DESC-1b": (
+            "DESC-1",
+            case({"cg_mode": piecewise, "num_tokens": n * u, "uniform_token_count": u}, n, n * u),
+            "piecewise with a uniform shape",
+        ),
         "DESC-2a": ("DESC-2", case({"cg_mode": full, "num_tokens": n * u}, n, n * u), "FULL without a request count"),
-        "DESC-2b": ("DESC-2", case({"cg_mode": full, "num_tokens": n * u, "num_reqs": n, "uniform_token_count": u}, n + extra, (n + extra) * u), "FULL padded below the local request count"),
+        "DESC-2b": (
+            "DESC-2",
+            case(
+                {"cg_mode": full, "num_tokens": n * u, "num_reqs": n, "uniform_token_count": u},
+                n + extra,
+                (n + extra) * u,
+            ),
+            "FULL padded below the local request count",
+        ),
         "DESC-3a": ("DESC-3", case({"cg_mode": none, "num_tokens": n}, n, n), "eager without a request count"),
-        "DESC-3b": ("DESC-3", case({"cg_mode": none, "num_tokens": n + extra, "num_reqs": n + extra}, n, n), "eager with padded requests"),
-        "DESC-4": ("DESC-4", case({"cg_mode": full, "num_tokens": n * u + extra, "num_reqs": n, "uniform_token_count": u}, n, n * u), "FULL tokens not num_reqs * u"),
-        "DESC-5a": ("DESC-5", case({"cg_mode": none, "num_tokens": n, "num_reqs": n}, n, n + extra), "fewer tokens than the real batch"),
-        "DESC-5b": ("DESC-5", case({"cg_mode": none, "num_tokens": 0, "num_reqs": 0}, 0, 0, False), "zero tokens while a peer is busy"),
+        "DESC-3b": (
+            "DESC-3",
+            case({"cg_mode": none, "num_tokens": n + extra, "num_reqs": n + extra}, n, n),
+            "eager with padded requests",
+        ),
+        "DESC-4": (
+            "DESC-4",
+            case({"cg_mode": full, "num_tokens": n * u + extra, "num_reqs": n, "uniform_token_count": u}, n, n * u),
+            "FULL tokens not num_reqs * u",
+        ),
+        "DESC-5a": (
+            "DESC-5",
+            case({"cg_mode": none, "num_tokens": n, "num_reqs": n}, n, n + extra),
+            "fewer tokens than the real batch",
+        ),
+        "DESC-5b": (
+            "DESC-5",
+            case({"cg_mode": none, "num_tokens": 0, "num_reqs": 0}, 0, 0, False),
+            "zero tokens while a peer is busy",
+        ),
         "DESC-6a": ("DESC-6", case({"cg_mode": none, "num_tokens": -n, "num_reqs": 0}, 0, 0), "negative token count"),
-        "DESC-6b": ("DESC-6", case({"cg_mode": none, "num_tokens": n, "num_reqs": 1, "uniform_token_count": 0}, 1, n), "uniform count 0"),
+        "DESC-6b": (
+            "DESC-6",
+            case({"cg_mode": none, "num_tokens": n, "num_reqs": 1, "uniform_token_count": 0}, 1, n),
+            "uniform count 0",
+        ),
     }
     expected, build, description = table[choice]
     return BrokenDescriptorCase(expected, build, description)
