@@ -25,13 +25,17 @@ REJECTED_TOKEN_ID = -1
 class AttentionMetadata:
     """What an attention kernel is told about one forward.
 
-    ``num_reqs`` and ``num_tokens`` are the real (unpadded) counts;
-    ``num_reqs_padded`` rows exist in every per-request tensor, padded requests
-    being empty (``query_start_loc`` flat past ``num_reqs``, ``seq_lens`` 0);
-    ``num_tokens_padded`` is the number of query rows attention runs over.
-    ``slot_mapping`` is sized by the model rows (``desc.num_tokens``) because
-    the KV write happens for every model row; padded rows hold ``PAD_SLOT_ID``.
-    The ``*_cpu`` mirrors are host copies that [H] checks read without a sync.
+        ``num_reqs`` and ``num_tokens`` are the real (unpadded) counts;
+        ``num_reqs_padded`` rows exist in every per-request tensor, padded requests
+        being empty (``query_start_loc`` flat past ``num_reqs``, ``seq_lens`` 0);
+        ``num_tokens_padded`` is the number of query rows attention runs over: the
+    descriptor's ``num_tokens`` under FULL (the whole step, attention included, is
+    one captured graph) and the real query rows otherwise (eager and piecewise
+    steps run attention outside any graph, on exactly the real tokens; AR-5,
+    BLK-3, TGT-7).
+        ``slot_mapping`` is sized by the model rows (``desc.num_tokens``) because
+        the KV write happens for every model row; padded rows hold ``PAD_SLOT_ID``.
+        The ``*_cpu`` mirrors are host copies that [H] checks read without a sync.
     """
 
     num_reqs: int

@@ -61,9 +61,10 @@ CheckFn = Callable[[Any, "ValueReader"], Observed | None]
 class ValueReader:
     """The only way a check reads tensor values, so each mode's cost is enforced here.
 
-    ``host`` reads tensors that live in host memory (free in every mode);
-    ``device`` reads device tensors only in ``full`` mode and never while a CUDA
-    graph is being captured. Fake and meta tensors are never read.
+    ``host`` reads host mirrors (CPU tensors kept beside device ones) in every
+    mode; ``device`` reads the tensors a kernel would use, only in ``full`` mode
+    and never while a CUDA graph is being captured. Fake and meta tensors are
+    never read.
     """
 
     __slots__ = ("allow_device",)
@@ -73,9 +74,7 @@ class ValueReader:
 
     @staticmethod
     def _is_unreadable(t: Any) -> bool:
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return bool(t.is_meta) or isinstance(t, FakeTensor)
+        return bool(t.is_meta) or isinstance(t, _fake_tensor_type())
 
     def host(self, t: Any) -> list[Any] | None:
         if t is None or self._is_unreadable(t) or t.device.type != "cpu":
@@ -83,13 +82,22 @@ class ValueReader:
         return list(t.tolist())
 
     def device(self, t: Any) -> list[Any] | None:
-        if t is None or self._is_unreadable(t):
-            return None
-        if t.device.type == "cpu":
-            return list(t.tolist())
-        if not self.allow_device:
+        # Gated on the mode even for CPU tensors: a check costs the same in a
+        # mode whatever device the step runs on, so ``shapes`` stays cheap on CPU too.
+        if t is None or not self.allow_device or self._is_unreadable(t):
             return None
         return list(t.tolist())
+
+
+_FAKE_TENSOR: list[type] = []
+
+
+def _fake_tensor_type() -> type:
+    if not _FAKE_TENSOR:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        _FAKE_TENSOR.append(FakeTensor)
+    return _FAKE_TENSOR[0]
 
 
 @dataclass(frozen=True)

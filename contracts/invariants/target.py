@@ -44,6 +44,20 @@ def query_start_loc_problem(qsl: list[int], num_reqs: int, num_tokens: int) -> s
     return None
 
 
+def read_mirrored(reader: ValueReader, device_tensor: object, host_mirror: object) -> tuple[list[int] | None, bool]:
+    """Values of a tensor with an optional host mirror, and whether the two disagree.
+
+    The mirror is read first (free in every mode); in ``full`` the device tensor
+    is read too, so a builder whose mirror is right but whose device copy is not
+    cannot hide behind the mirror.
+    """
+    host = reader.host(host_mirror)
+    dev = reader.device(device_tensor)
+    if host is not None and dev is not None and host != dev:
+        return dev, True
+    return (host if host is not None else dev), False
+
+
 @invariant(
     "TGT-2",
     "query_start_loc has num_reqs_padded + 1 entries, starts at 0, never decreases, and its tail equals the real token count.",
@@ -61,9 +75,13 @@ def tgt_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
             "meta.num_reqs_padded": meta.num_reqs_padded,
             "len(query_start_loc)": meta.query_start_loc.shape[0],
         }
-    qsl = reader.host(meta.query_start_loc_cpu)
-    if qsl is None:
-        qsl = reader.device(meta.query_start_loc)
+    qsl, split = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
+    if split:
+        return {
+            "query_start_loc": qsl,
+            "query_start_loc_cpu": reader.host(meta.query_start_loc_cpu),
+            "problem": "device tensor and host mirror differ",
+        }
     if qsl is not None:
         problem = query_start_loc_problem(qsl, facts.num_reqs, facts.num_tokens)
         if problem is not None:
@@ -84,12 +102,14 @@ def tgt_3(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     rows = facts.desc.num_reqs_padded(facts.num_reqs)
     if meta.seq_lens.shape[0] != rows:
         return {"len(seq_lens)": meta.seq_lens.shape[0], "num_reqs_padded": rows}
-    seq = reader.host(meta.seq_lens_cpu)
-    if seq is None:
-        seq = reader.device(meta.seq_lens)
-    qsl = reader.host(meta.query_start_loc_cpu)
-    if qsl is None:
-        qsl = reader.device(meta.query_start_loc)
+    seq, split = read_mirrored(reader, meta.seq_lens, meta.seq_lens_cpu)
+    if split:
+        return {
+            "seq_lens": seq,
+            "seq_lens_cpu": reader.host(meta.seq_lens_cpu),
+            "problem": "device tensor and host mirror differ",
+        }
+    qsl, _ = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
     if seq is None or qsl is None:
         return None
     n = facts.num_reqs
@@ -124,12 +144,14 @@ def tgt_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
         return {"slot_mapping": slots, "problem": "real slots must be unique and non-negative"}
     if facts.block_size is None:
         return None
-    qsl = reader.host(meta.query_start_loc_cpu) or reader.device(meta.query_start_loc)
+    qsl, _ = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
+    seq, _ = read_mirrored(reader, meta.seq_lens, meta.seq_lens_cpu)
     table = reader.device(meta.block_table)
-    if qsl is None or table is None:
+    if qsl is None or seq is None or table is None:
         return None
     for r in range(facts.num_reqs):
-        owned = set(table[r])
+        # Only the blocks that hold this request's context count; filler columns do not.
+        owned = set(table[r][: -(-seq[r] // facts.block_size)])
         outside = [s for s in real[qsl[r] : qsl[r + 1]] if s // facts.block_size not in owned]
         if outside:
             return {"request": r, "slots outside its blocks": outside, "block_table row": table[r]}
@@ -173,7 +195,7 @@ def tgt_6(facts: VerifierFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "TGT-7",
-    "Target attention metadata counts match the batch: num_reqs and num_tokens real, num_tokens_padded == desc.num_tokens, max_query_len the longest query.",
+    "Target attention metadata counts match the batch: num_reqs and num_tokens real, num_tokens_padded == desc.num_tokens under FULL and the real token count otherwise, max_query_len the longest query.",
     tag=Tag.SH,
     subject=Subject.BATCH,
     step_kinds=TARGET,
@@ -190,12 +212,9 @@ def tgt_7(facts: BatchFacts, reader: ValueReader) -> Observed | None:
         "real num_tokens": facts.num_tokens,
         "desc.num_tokens": facts.desc.num_tokens,
     }
-    if (meta.num_reqs, meta.num_tokens, meta.num_tokens_padded) != (
-        facts.num_reqs,
-        facts.num_tokens,
-        facts.desc.num_tokens,
-    ):
-        return observed
+    attention_rows = facts.desc.num_tokens if facts.desc.cg_mode.name == "FULL" else facts.num_tokens
+    if (meta.num_reqs, meta.num_tokens, meta.num_tokens_padded) != (facts.num_reqs, facts.num_tokens, attention_rows):
+        return {**observed, "expected attention rows": attention_rows}
     qsl = reader.host(meta.query_start_loc_cpu)
     if qsl is not None and len(qsl) > 1:
         longest = max(b - a for a, b in itertools.pairwise(qsl))
