@@ -1,0 +1,110 @@
+"""The two draft networks of the autoregressive backend.
+
+``EagleHead``: one decoder layer over the token embedding fused with target
+hidden states (EAGLE-3: several target layers fused by a linear layer), sharing
+the target's embedding and LM head. ``ModelDrafter``: any reference-transformer
+config with the target's vocabulary, run as an independent small model.
+Both are called through ``DraftContext.forward`` (the checked boundary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from contracts import AttentionMetadata
+from specdec.dp_group import DPGroup
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.config import ModelConfig
+from specdec.model.layers import Linear, RMSNorm, WeightInit
+from specdec.model.transformer import DecoderLayer, Transformer
+from specdec.speculator import DraftOutput
+
+
+class EagleHead(nn.Module):
+    """EAGLE-style head: ``layer(proj([embed(x_{t+1}); f_t]))`` with the target's embedding and LM head.
+
+    ``f_t`` is the fusion of the target's auxiliary hidden states at the draft
+    prefill, and the head's own previous pre-norm hidden state at later steps,
+    which is why both have the target's hidden width.
+    """
+
+    def __init__(
+        self, target: Transformer, *, num_aux: int, seed: int, layer_config: ModelConfig | None = None
+    ) -> None:
+        super().__init__()
+        hidden = target.config.hidden_size
+        config = layer_config or target.config.model_copy(update={"num_layers": 1})
+        if config.hidden_size != hidden or config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"an EAGLE head shares the target's width and vocabulary: got hidden {config.hidden_size} "
+                f"(target {hidden}), vocab {config.vocab_size} (target {target.config.vocab_size})"
+            )
+        init = WeightInit(seed, target.dtype, target.device)
+        self.config = config
+        self.num_aux = num_aux
+        self.fuse = Linear(num_aux * hidden, hidden, init, "fc")
+        self.input_proj = Linear(2 * hidden, hidden, init, "input_proj")
+        self.layer = DecoderLayer(config, init, 0)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, init, "norm")
+        self._target = [target]  # shared, frozen; a list keeps it out of this module's parameters
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    def fuse_aux(self, aux: Sequence[Float[Tensor, "num_tokens hidden"]]) -> Float[Tensor, "num_tokens hidden"]:
+        if len(aux) != self.num_aux:
+            raise ValueError(f"EAGLE head fuses {self.num_aux} target layers, got {len(aux)}")
+        result: Tensor = self.fuse(torch.cat(list(aux), dim=-1))
+        return result
+
+    def forward(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        features: Float[Tensor, "num_tokens hidden"] | None,
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> DraftOutput:
+        if features is None:
+            raise ValueError("an EAGLE head needs per-row features (fused target hidden states or its own)")
+        x = self.input_proj(torch.cat([self.target.embed(input_ids), features], dim=-1))
+        h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
+        return DraftOutput(h, self.target.compute_logits(self.norm(h)))
+
+    def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
+        c = self.config
+        return PagedKVStorage(1, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.target.dtype, device=self.target.device)
+
+
+class ModelDrafter(nn.Module):
+    """A separate small draft model (or the target itself, for tests that need full acceptance)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        features: Float[Tensor, "num_tokens hidden"] | None,
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> DraftOutput:
+        del features  # a standalone model sees tokens only
+        out = self.model(input_ids, positions, meta, kv, dp_group=dp_group, num_tokens_across_dp=num_tokens_across_dp)
+        return DraftOutput(out.hidden_states, self.model.compute_logits(out.hidden_states))
+
+    def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
+        return self.model.make_kv_storage(num_blocks, block_size)

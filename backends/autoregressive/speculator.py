@@ -1,0 +1,260 @@
+"""The autoregressive backend: draft prefill on the target's batch, then one query per request per step.
+
+EAGLE-style heads sample the first draft from the prefill and run K-1 decode
+steps; a separate draft model sees the target's own tokens in the prefill and
+runs K decode steps starting from the bonus token. The multi-step decode
+rebuilds the attention metadata each step; the fused decode builds it once and
+advances it in place. Every forward goes through ``DraftContext.forward``.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
+from backends.autoregressive.networks import EagleHead, ModelDrafter
+from contracts import (
+    REJECTED_TOKEN_ID,
+    BatchExecutionDescriptor,
+    BatchFacts,
+    CUDAGraphMode,
+    DPSyncState,
+    StepKind,
+)
+from specdec.attn_metadata import ScheduledRequest, build_target_metadata, reserve
+from specdec.kv_cache import KVCacheManager
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.transformer import Transformer
+from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
+
+
+class AutoregressiveSpeculator:
+    """K drafts per request, one token at a time (EAGLE/MTP heads or a small draft model)."""
+
+    draft_step_kinds = frozenset({StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE})
+
+    def __init__(
+        self,
+        network: EagleHead | ModelDrafter,
+        *,
+        num_spec_tokens: int,
+        fused: bool = False,
+        aux_layers: tuple[int, ...] = (),
+        name: str = "autoregressive",
+        seed: int = 0,
+    ) -> None:
+        if not 1 <= num_spec_tokens <= 8:
+            raise ValueError(f"num_spec_tokens (K) must be in 1..8, got {num_spec_tokens}")
+        if isinstance(network, EagleHead) and len(aux_layers) != network.num_aux:
+            raise ValueError(f"the EAGLE head fuses {network.num_aux} target layers; aux_layers={aux_layers}")
+        self.network = network
+        self.name = name
+        self.num_spec_tokens = num_spec_tokens
+        self.fused = fused
+        self.aux_layers = aux_layers if isinstance(network, EagleHead) else ()
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._kv: KVCacheManager | None = None
+        self._storage: PagedKVStorage | None = None
+
+    @property
+    def samples_in_prefill(self) -> bool:
+        """An EAGLE head predicts the first draft from the prefill; a draft model needs the bonus first."""
+        return isinstance(self.network, EagleHead)
+
+    def bind(self, target: Transformer, ctx: DraftContext) -> None:
+        self._kv = ctx.new_cache("autoregressive", lookahead_tokens=self.num_spec_tokens + 1)
+        self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
+
+    @property
+    def kv(self) -> KVCacheManager:
+        if self._kv is None:
+            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
+        return self._kv
+
+    @property
+    def storage(self) -> PagedKVStorage:
+        if self._storage is None:
+            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
+        return self._storage
+
+    def finish(self, req_id: str) -> None:
+        if req_id in self.kv:
+            self.kv.free(req_id)
+
+    # -- one proposal ----------------------------------------------------------------------------
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        prefill = self._prefill(step, ctx)
+        drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
+        k = self.num_spec_tokens
+        vocab = prefill.logits.shape[-1]
+        device = prefill.logits.device
+        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
+        probs = torch.zeros((step.num_reqs, k, vocab), device=device)
+        params = [step.params[r] for r in drafting]
+
+        rows = torch.tensor([step.last_valid[r] for r in drafting], dtype=torch.int64, device=device)
+        if self.samples_in_prefill:
+            first, first_probs = self._draw(prefill.logits[rows], params)
+            tokens[drafting, 0] = first
+            probs[drafting, 0] = first_probs
+            features: Tensor | None = prefill.hidden_states[rows]
+            decode_steps, column_offset = k - 1, 1
+        else:
+            first = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
+            features, decode_steps, column_offset = None, k, 0
+
+        if decode_steps:
+            self._decode(step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs)
+        all_greedy = all(step.params[r].greedy for r in drafting)
+        return Proposal(
+            draft_token_ids=tokens,
+            num_drafts=tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs)),
+            draft_probs=None if all_greedy else probs,
+        )
+
+    def _prefill(self, step: TargetStep, ctx: DraftContext) -> DraftOutput:
+        """Draft prefill over the target's padded batch (AR-1, AR-2); rejected rows are rolled back."""
+        kv, device = self.kv, step.input_ids.device
+        for s in step.scheduled:
+            if s.req_id not in kv:
+                kv.add_request(s.req_id)
+            if kv.length(s.req_id) > s.num_computed_tokens:
+                kv.truncate(s.req_id, s.num_computed_tokens)  # last step's speculative decode positions
+            elif kv.length(s.req_id) < s.num_computed_tokens:
+                raise RuntimeError(
+                    f"draft cache of {s.req_id!r} holds {kv.length(s.req_id)} tokens but the target step starts at "
+                    f"{s.num_computed_tokens}: the drafter missed a target step"
+                )
+        reserve(step.scheduled, kv)
+        meta = build_target_metadata(list(step.scheduled), step.desc, kv, device=device)
+        input_ids = self._prefill_inputs(step)
+        features = None
+        if isinstance(self.network, EagleHead):
+            features = self.network.fuse_aux(step.output.aux_hidden_states)
+        rows_padded = step.desc.num_reqs_padded(step.num_reqs)
+        facts = BatchFacts(
+            desc=step.desc,
+            num_reqs=step.num_reqs,
+            num_tokens=step.num_tokens,
+            meta=meta,
+            input_ids=input_ids,
+            positions=step.positions,
+            block_size=kv.block_size,
+            hidden_states=features,
+            target_desc=step.desc,
+            last_token_indices=padded_rows(step.last_valid, rows_padded, device),
+        )
+        out = ctx.forward(
+            self.network, StepKind.DRAFT_PREFILL, facts, self.storage, num_tokens_across_dp=step.dp_state.num_tokens_across_dp
+        )
+        for s in step.scheduled:
+            kv.set_length(s.req_id, s.seq_len)
+            committed = step.committed_lengths.get(s.req_id)
+            if committed is not None:
+                kv.truncate(s.req_id, committed)
+        kv.check(committed_lengths=dict(step.committed_lengths))
+        return out
+
+    def _prefill_inputs(self, step: TargetStep) -> Int[Tensor, " num_tokens"]:
+        """EAGLE: the target's ids shifted left by one within each request, the next token at the last valid row."""
+        if not isinstance(self.network, EagleHead):
+            return step.input_ids
+        shifted = torch.roll(step.input_ids, -1)
+        if step.num_reqs:
+            rows = torch.tensor(step.last_valid, dtype=torch.int64, device=shifted.device)
+            shifted[rows] = torch.tensor(step.next_token_ids, dtype=torch.int64, device=shifted.device)
+        return shifted
+
+    def _decode(
+        self,
+        step: TargetStep,
+        ctx: DraftContext,
+        drafting: list[int],
+        first: Int[Tensor, " n"],
+        features: Float[Tensor, "n hidden"] | None,
+        num_steps: int,
+        column_offset: int,
+        params: list[SamplingParams],
+        tokens: Tensor,
+        probs: Tensor,
+    ) -> None:
+        """Draft decode steps 1..num_steps: exactly one query per drafting request (AR-3..AR-8)."""
+        m = len(drafting)
+        state, desc = ctx.sync(m, m, 1 if m else None, allow_piecewise=False, purpose="draft_decode")
+        if desc.num_tokens == 0:  # no rank drafts: every rank skips alike
+            return
+        desc, across = self._with_dp_pad(desc, state, m)
+        kv, device, max_len = self.kv, step.input_ids.device, ctx.max_model_len
+        req_ids = [step.scheduled[r].req_id for r in drafting]
+        base = [step.base_positions[r] for r in drafting]
+        ids, feats = first, features
+        meta = None
+        # Blocks for every step up front: the fused decode's block table is built once.
+        for rid, p in zip(req_ids, base, strict=True):
+            kv.ensure_capacity(rid, min(p + num_steps, max_len - 1) + 1)
+        for k in range(1, num_steps + 1):
+            pos = [min(p + k, max_len - 1) for p in base]
+            if meta is None or not self.fused:
+                meta = build_decode_metadata(desc, req_ids, pos, kv, max_len, device)
+            else:
+                advance_decode_metadata(meta, req_ids, pos, kv, max_len)
+            facts = BatchFacts(
+                desc=desc,
+                num_reqs=m,
+                num_tokens=m,
+                meta=meta,
+                input_ids=padded_rows(ids.tolist(), desc.num_tokens, device),
+                positions=padded_rows(pos, desc.num_tokens, device),
+                block_size=kv.block_size,
+                max_model_len=max_len,
+                hidden_states=None if feats is None else _pad_features(feats, desc.num_tokens),
+                base_positions=torch.tensor(base, dtype=torch.int64, device=device),
+                draft_step=k,
+            )
+            out = ctx.forward(self.network, StepKind.DRAFT_DECODE, facts, self.storage, num_tokens_across_dp=across)
+            for rid, p in zip(req_ids, pos, strict=True):
+                kv.set_length(rid, max(kv.length(rid), p + 1))
+            if m:
+                drawn, drawn_probs = self._draw(out.logits[:m], params)
+                column = k - 1 + column_offset
+                tokens[drafting, column] = drawn
+                probs[drafting, column] = drawn_probs
+                ids = drawn
+                feats = out.hidden_states[:m] if feats is not None else None
+
+    @staticmethod
+    def _with_dp_pad(
+        desc: BatchExecutionDescriptor, state: DPSyncState, num_reqs: int
+    ) -> tuple[BatchExecutionDescriptor, tuple[int, ...]]:
+        """Eager DP ranks pad model rows to the largest rank so equal-size collectives line up.
+
+        Only the model inputs carry this pad; the attention metadata keeps one
+        query per request (AR-5).
+        """
+        if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
+            return desc, state.num_tokens_across_dp
+        rows = state.max_num_tokens
+        padded = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=1)
+        return padded, (rows,) * state.dp_size
+
+    def _draw(
+        self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
+    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
+        """Sample (or argmax for greedy requests) with the same transform the verifier applies to the target."""
+        q = probabilities(logits, params) if params else logits.softmax(-1)
+        if not params:
+            return torch.zeros(0, dtype=torch.int64, device=logits.device), q
+        return sample(q, self.generator), q
+
+
+def _pad_features(x: Float[Tensor, "n hidden"], rows: int) -> Float[Tensor, "rows hidden"]:
+    out = x.new_zeros((rows, x.shape[1]))
+    out[: x.shape[0]] = x
+    return out
+
+
+__all__ = ["AutoregressiveSpeculator", "ScheduledRequest"]

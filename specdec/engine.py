@@ -1,0 +1,354 @@
+"""The engine: requests in, tokens out, one checked step at a time.
+
+A step schedules requests, syncs its shape with the DP group, runs the target
+over the paged cache, verifies the previous step's drafts (plain decoding is
+verification with no drafts), commits accepted tokens and rolls back the KV of
+rejected ones, then asks the speculator for the next drafts. Every object that
+crosses a boundary is checked in the current contract mode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from contracts import REJECTED_TOKEN_ID, VerifierInput
+from specdec.attn_metadata import build_positions, build_target_metadata
+from specdec.dispatch import CaptureConfig
+from specdec.dp_group import DPGroup
+from specdec.dp_sync import sync_dp
+from specdec.kv_cache import KVCacheManager
+from specdec.model.transformer import Transformer
+from specdec.request import FinishReason, Request, RequestStatus
+from specdec.sampling import SamplingParams
+from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
+from specdec.verifier import verify
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 512
+    block_size: int = 16
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0
+
+
+@dataclass
+class RunMetrics:
+    """Totals over a run; tau is emitted tokens per verification of a request."""
+
+    steps: int = 0
+    tokens_emitted: int = 0
+    tokens_scheduled: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    drafted_by_position: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.tokens_emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
+
+    tokens_emitted_in_verify: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens_emitted / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)]
+
+    def add_request(self, req: Request) -> None:
+        m = req.metrics
+        self.drafted += m.drafted
+        self.accepted += m.accepted
+        self.verify_steps += m.verify_steps
+        self.tokens_emitted_in_verify += m.emitted_in_verify
+        for k, (a, d) in enumerate(zip(m.accepted_by_position, m.drafted_by_position, strict=True)):
+            while len(self.drafted_by_position) <= k:
+                self.drafted_by_position.append(0)
+                self.accepted_by_position.append(0)
+            self.drafted_by_position[k] += d
+            self.accepted_by_position[k] += a
+
+
+@dataclass(frozen=True)
+class StepResult:
+    all_idle: bool
+    emitted: dict[str, list[int]]
+    finished: tuple[str, ...]
+
+
+class Engine:
+    """One DP rank's engine; with ``speculator=None`` it is plain decoding, the baseline."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: EngineConfig | None = None,
+        *,
+        speculator: Speculator | None = None,
+        dp_group: DPGroup | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config or EngineConfig()
+        self.dp_group = dp_group
+        self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size)
+        self.kv_storage = model.make_kv_storage(self.config.num_blocks, self.config.block_size)
+        headroom = speculator.num_spec_tokens + 1 if speculator is not None else 1
+        self.scheduler = Scheduler(self.config.scheduler, self.kv, spec_headroom=headroom)
+        self.speculator = speculator
+        self.generator = torch.Generator(device="cpu").manual_seed(self.config.seed)
+        self.requests: dict[str, Request] = {}
+        self.metrics = RunMetrics()
+        self.draft_ctx: DraftContext | None = None
+        if speculator is not None:
+            self.draft_ctx = DraftContext(
+                backend=speculator.name,
+                step_kinds=speculator.draft_step_kinds,
+                capture=self.config.capture,
+                dp_group=dp_group,
+                block_size=self.config.block_size,
+                num_blocks=self.config.num_blocks,
+                max_model_len=self.config.scheduler.max_model_len,
+                max_num_seqs=self.config.scheduler.max_num_seqs,
+            )
+            speculator.bind(model, self.draft_ctx)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        *,
+        params: SamplingParams | None = None,
+        max_tokens: int = 16,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> Request:
+        if req_id in self.requests:
+            raise ValueError(f"request id {req_id!r} is already in use")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {req_id!r}: prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
+        req = Request(
+            req_id,
+            list(prompt),
+            params or SamplingParams(temperature=0.0),
+            max_tokens,
+            frozenset(stop_token_ids),
+            generator=generator,
+        )
+        self.scheduler.add(req)
+        self.requests[req_id] = req
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        start = time.perf_counter()
+        items = self.scheduler.schedule()
+        for req_id in self.scheduler.drain_preempted():
+            if self.speculator is not None:
+                self.speculator.finish(req_id)
+        num_reqs = len(items)
+        num_tokens = sum(len(it.query_tokens) for it in items)
+        lens = {len(it.query_tokens) for it in items}
+        uniform = lens.pop() if len(lens) == 1 else None
+        state, desc = sync_dp(
+            self.dp_group, num_reqs, num_tokens, uniform, self.config.capture, purpose="target", component="engine"
+        )
+        if desc.num_tokens == 0:
+            return StepResult(all_idle=True, emitted={}, finished=())
+
+        scheduled = [it.as_scheduled() for it in items]
+        device = self.model.device
+        ids = [t for it in items for t in it.query_tokens]
+        input_ids = torch.zeros(desc.num_tokens, dtype=torch.int64, device=device)
+        input_ids[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        positions = build_positions(scheduled, desc, device=device)
+        meta = build_target_metadata(scheduled, desc, self.kv, device=device, input_ids=input_ids, positions=positions)
+        across = state.num_tokens_across_dp if self.dp_group is not None else None
+        aux = self.speculator.aux_layers if self.speculator is not None else ()
+        output = self.model(
+            input_ids, positions, meta, self.kv_storage, aux_layers=aux, dp_group=self.dp_group, num_tokens_across_dp=across
+        )
+        for it in items:
+            self.kv.set_length(it.request.req_id, it.request.num_computed + len(it.query_tokens))
+
+        qsl = [0]
+        for it in items:
+            qsl.append(qsl[-1] + len(it.query_tokens))
+        emitted, accepted = self._verify(items, qsl, output.hidden_states)
+
+        last_valid: list[int] = []
+        next_tokens: list[int] = []
+        drafting: list[bool] = []
+        finished: list[str] = []
+        for r, it in enumerate(items):
+            req = it.request
+            if it.samples:
+                a = accepted[r]
+                req.num_computed += 1 + a if it.num_drafts or not req.in_prefill else len(it.query_tokens)
+                last_valid.append(qsl[r] + (a if it.num_drafts else len(it.query_tokens) - 1))
+                self._append(req, emitted[r])
+                next_tokens.append(req.tokens[-1])
+            else:
+                req.num_computed += len(it.query_tokens)
+                last_valid.append(qsl[r + 1] - 1)
+                next_tokens.append(req.tokens[req.num_computed])
+            req.clear_drafts()
+            if req.finish_reason is not None:
+                finished.append(req.req_id)
+                drafting.append(False)
+            else:
+                self.kv.truncate(req.req_id, req.num_computed)
+                drafting.append(it.samples)
+        committed = {it.request.req_id: it.request.num_computed for it in items if it.request.finish_reason is None}
+        self.kv.check(committed_lengths=committed)
+
+        if self.speculator is not None and self.draft_ctx is not None:
+            host_positions = [s.num_computed_tokens + (lv - q) for s, lv, q in zip(scheduled, last_valid, qsl, strict=False)]
+            step = TargetStep(
+                desc=desc,
+                dp_state=state,
+                scheduled=tuple(scheduled),
+                input_ids=input_ids,
+                positions=positions,
+                output=output,
+                last_valid=tuple(last_valid),
+                base_positions=tuple(host_positions),
+                next_token_ids=tuple(next_tokens),
+                drafting=tuple(drafting),
+                params=tuple(it.request.params for it in items),
+                committed_lengths=committed,
+            )
+            proposal = self.speculator.propose(step, self.draft_ctx)
+            check_proposal(proposal, step, self.speculator)
+            self._store_drafts(items, proposal)
+            for name, cache in self.draft_ctx.caches.items():
+                del name
+                cache.check()
+
+        for req_id in finished:
+            req = self.requests[req_id]
+            self.scheduler.finish(req)
+            if self.speculator is not None:
+                self.speculator.finish(req_id)
+            self.metrics.add_request(req)
+        self.metrics.steps += 1
+        self.metrics.tokens_scheduled += num_tokens
+        self.metrics.tokens_emitted += sum(len(e) for e in emitted.values())
+        self.metrics.wall_s += time.perf_counter() - start
+        by_id = {items[r].request.req_id: e for r, e in emitted.items()}
+        return StepResult(all_idle=False, emitted=by_id, finished=tuple(finished))
+
+    def _verify(
+        self, items: list[ScheduledItem], qsl: list[int], hidden: torch.Tensor
+    ) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Verify drafts (or sample plainly) for every request whose query ends in a sample."""
+        sampling = [r for r, it in enumerate(items) if it.samples]
+        if not sampling:
+            return {}, {}
+        k = self.speculator.num_spec_tokens if self.speculator is not None else 0
+        rows: list[int] = []
+        counts: list[int] = []
+        for r in sampling:
+            d = items[r].num_drafts
+            end = qsl[r + 1]
+            rows.extend(range(end - d - 1, end))
+            counts.append(d)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])
+        draft_ids = torch.full((len(sampling), k), REJECTED_TOKEN_ID, dtype=torch.int64, device=hidden.device)
+        use_probs = any(items[r].request.draft_probs is not None for r in sampling)
+        probs = torch.zeros((len(sampling), k, logits.shape[-1]), device=hidden.device) if use_probs and k else None
+        for i, r in enumerate(sampling):
+            req = items[r].request
+            d = items[r].num_drafts
+            if d:
+                draft_ids[i, :d] = torch.tensor(req.drafts[:d], dtype=torch.int64)
+                if probs is not None:
+                    if req.draft_probs is not None:
+                        probs[i, :d] = req.draft_probs[:d].to(probs.dtype)
+                    else:  # an argmax draft in a batch of sampled ones: its proposal is one-hot
+                        probs[i, torch.arange(d), draft_ids[i, :d]] = 1.0
+        params = [items[r].request.params for r in sampling]
+        generator = self._generator_for(items, sampling)
+        out = verify(
+            VerifierInput(draft_ids, torch.tensor(counts, dtype=torch.int64), logits, probs),
+            params,
+            num_spec_tokens=k,
+            num_draft_tokens=counts,
+            generator=generator,
+            sampled_from=probs,
+            component="engine verifier",
+        )
+        tokens = out.output_token_ids.tolist()
+        num_accepted = out.num_accepted.tolist()
+        emitted: dict[int, list[int]] = {}
+        accepted: dict[int, int] = {}
+        for i, r in enumerate(sampling):
+            a = num_accepted[i]
+            accepted[r] = a
+            emitted[r] = tokens[i][: a + 1]
+            if self.speculator is not None and not items[r].request.in_prefill:
+                items[r].request.metrics.record(items[r].num_drafts, a, a + 1)
+        return emitted, accepted
+
+    def _generator_for(self, items: list[ScheduledItem], sampling: list[int]) -> torch.Generator:
+        """A single-request batch with its own seed uses it; otherwise the engine's stream."""
+        if len(sampling) == 1 and items[sampling[0]].request.generator is not None:
+            gen = items[sampling[0]].request.generator
+            assert gen is not None
+            return gen
+        return self.generator
+
+    def _append(self, req: Request, tokens: list[int]) -> None:
+        """Append emitted tokens, stopping at a stop token, max_tokens or the model length."""
+        limit = self.config.scheduler.max_model_len
+        for t in tokens:
+            req.output.append(t)
+            if t in req.stop_token_ids:
+                req.finish_reason = FinishReason.STOP_TOKEN
+            elif len(req.output) >= req.max_tokens:
+                req.finish_reason = FinishReason.MAX_TOKENS
+            elif req.num_tokens >= limit:
+                req.finish_reason = FinishReason.MAX_MODEL_LEN
+            if req.finish_reason is not None:
+                req.status = RequestStatus.FINISHED
+                return
+
+    def _store_drafts(self, items: list[ScheduledItem], proposal: Proposal) -> None:
+        ids = proposal.draft_token_ids.tolist()
+        for r, it in enumerate(items):
+            n = proposal.num_drafts[r]
+            if n and it.request.finish_reason is None:
+                it.request.drafts = ids[r][:n]
+                it.request.draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[r, :n]
+
+    # -- driving ---------------------------------------------------------------------------------
+
+    def run(self, max_steps: int = 100_000) -> dict[str, list[int]]:
+        """Step until every request (on every DP rank) is done; returns outputs by request id."""
+        for _ in range(max_steps):
+            result = self.step()
+            if result.all_idle and not self.has_work:
+                break
+        else:
+            raise RuntimeError(f"engine did not finish within {max_steps} steps")
+        return {rid: list(r.output) for rid, r in self.requests.items()}

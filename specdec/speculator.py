@@ -1,0 +1,270 @@
+"""The interface a drafter implements, and the checked boundary the engine gives it.
+
+The engine never knows which backend it runs: it hands a ``Speculator`` the
+finished target step (``TargetStep``) and a ``DraftContext`` through which every
+draft DP sync and every draft forward must go. The context checks the
+descriptor and the attention metadata against the step kind the backend
+claims, and the engine checks the returned ``Proposal``, so a backend cannot
+skip the contracts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from contracts import (
+    AttentionMetadata,
+    BatchExecutionDescriptor,
+    BatchFacts,
+    CacheFacts,
+    DPSyncState,
+    ProposalFacts,
+    StepKind,
+    Subject,
+    check,
+)
+from specdec.attn_metadata import ScheduledRequest
+from specdec.dispatch import CaptureConfig
+from specdec.dp_group import DPGroup
+from specdec.dp_sync import sync_dp
+from specdec.kv_cache import KVCacheManager
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.transformer import ModelOutput, Transformer
+from specdec.sampling import SamplingParams
+
+
+@dataclass(frozen=True, eq=False)
+class TargetStep:
+    """The target forward a drafter builds on, with what verification decided.
+
+    Model rows follow the target batch (``desc.num_tokens`` rows, requests
+    laid out as ``scheduled``). For request ``r``: ``last_valid[r]`` is the row
+    of its last committed token, ``base_positions[r]`` that token's position
+    (P), ``next_token_ids[r]`` the token after it (the sampled bonus, or the
+    next prompt token mid-prefill). ``drafting[r]`` says whether the request
+    verifies drafts next step. Per-request values are host integers, as a
+    scheduler knows them; tensors are the model's.
+    """
+
+    desc: BatchExecutionDescriptor
+    dp_state: DPSyncState
+    scheduled: tuple[ScheduledRequest, ...]
+    input_ids: Int[Tensor, " num_tokens"]
+    positions: Int[Tensor, " num_tokens"]
+    output: ModelOutput
+    last_valid: tuple[int, ...]
+    base_positions: tuple[int, ...]
+    next_token_ids: tuple[int, ...]
+    drafting: tuple[bool, ...]
+    params: tuple[SamplingParams, ...]
+    committed_lengths: Mapping[str, int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.query_len for s in self.scheduled)
+
+    @property
+    def req_ids(self) -> tuple[str, ...]:
+        return tuple(s.req_id for s in self.scheduled)
+
+
+@dataclass(frozen=True, eq=False)
+class Proposal:
+    """Drafts for the next verification: one row per request of the target step.
+
+    Rows of requests that do not draft hold ``num_drafts == 0``. ``draft_probs``
+    is the distribution each draft was drawn from (None: argmax drafts), and
+    ``facts`` optional extra evidence for block-drafter invariants.
+    """
+
+    draft_token_ids: Int[Tensor, "num_reqs num_spec_tokens"]
+    num_drafts: tuple[int, ...]
+    draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
+    extra_facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class DraftOutput:
+    """A draft forward's result: per-row hidden states (pre-norm, fed back by EAGLE) and logits."""
+
+    hidden_states: Float[Tensor, "num_tokens hidden"]
+    logits: Float[Tensor, "num_tokens vocab"]
+
+
+@runtime_checkable
+class DraftModel(Protocol):
+    """A network a drafter runs through ``DraftContext.forward``."""
+
+    def __call__(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        features: Float[Tensor, "num_tokens feat"] | None,
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> DraftOutput: ...
+
+
+@runtime_checkable
+class Speculator(Protocol):
+    """What a backend author implements."""
+
+    name: str
+    num_spec_tokens: int
+    draft_step_kinds: frozenset[StepKind]
+    aux_layers: tuple[int, ...]
+
+    def bind(self, target: Transformer, ctx: DraftContext) -> None:
+        """Allocate draft state (KV caches through ``ctx.new_cache``) for this target."""
+        ...
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        """Draft up to ``num_spec_tokens`` tokens per drafting request."""
+        ...
+
+    def finish(self, req_id: str) -> None:
+        """Release the draft state of a finished or preempted request."""
+        ...
+
+
+class DraftContext:
+    """The engine's side of the draft boundary: DP syncs, checked forwards, draft KV caches."""
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        step_kinds: frozenset[StepKind],
+        capture: CaptureConfig,
+        dp_group: DPGroup | None,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int,
+        max_num_seqs: int,
+    ) -> None:
+        self.backend = backend
+        self.step_kinds = step_kinds
+        self.capture = capture
+        self.dp_group = dp_group
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.caches: dict[str, KVCacheManager] = {}
+        self.fault: Any = None
+        """Test-only fault injection point (see ``specdec.testing.faults``); None in production."""
+
+    def new_cache(self, name: str, *, lookahead_tokens: int = 0) -> KVCacheManager:
+        """A draft KV cache with the target's block size, accounted by the engine (KV-1).
+
+        It has the target's blocks plus room for ``lookahead_tokens`` speculative
+        positions per running request, so drafting never runs out of blocks
+        where the target did not.
+        """
+        if name in self.caches:
+            raise ValueError(f"draft cache {name!r} of backend {self.backend!r} exists already")
+        extra = self.max_num_seqs * (-(-lookahead_tokens // self.block_size) + 1) if lookahead_tokens else 0
+        cache = KVCacheManager(self.num_blocks + extra, self.block_size)
+        self.caches[name] = cache
+        return cache
+
+    def sync(
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        uniform_token_count: int | None,
+        *,
+        allow_piecewise: bool,
+        purpose: str,
+    ) -> tuple[DPSyncState, BatchExecutionDescriptor]:
+        """A draft DP sync (checked: DP-*, DESC-*); every rank must call it equally often."""
+        return sync_dp(
+            self.dp_group,
+            num_reqs,
+            num_tokens,
+            uniform_token_count,
+            self.capture,
+            allow_piecewise=allow_piecewise,
+            purpose=purpose,
+            component=f"{self.backend} draft sync",
+        )
+
+    def check_batch(self, step_kind: StepKind, facts: BatchFacts) -> None:
+        if step_kind not in self.step_kinds:
+            raise ValueError(
+                f"backend {self.backend!r} ran a {step_kind.value} forward but declared only "
+                f"{sorted(k.value for k in self.step_kinds)}"
+            )
+        check(Subject.BATCH, facts, step_kind=step_kind, component="draft forward", backend=self.backend)
+
+    def forward(
+        self,
+        model: DraftModel,
+        step_kind: StepKind,
+        facts: BatchFacts,
+        kv: PagedKVStorage,
+        *,
+        num_tokens_across_dp: Sequence[int] | None = None,
+    ) -> DraftOutput:
+        """Check ``facts`` for ``step_kind``, then run ``model`` on exactly those inputs and metadata.
+
+        ``facts.hidden_states`` is the extra per-row input (fused target
+        features or the drafter's own previous hidden state) when there is one.
+        """
+        self.check_batch(step_kind, facts)
+        across = num_tokens_across_dp if self.dp_group is not None else None
+        return model(
+            facts.input_ids,
+            facts.positions,
+            facts.meta,
+            kv,
+            features=facts.hidden_states,
+            dp_group=self.dp_group,
+            num_tokens_across_dp=across,
+        )
+
+    def cache_facts(self) -> list[tuple[str, CacheFacts]]:
+        return [(name, cache.facts()) for name, cache in self.caches.items()]
+
+
+def check_proposal(
+    proposal: Proposal, step: TargetStep, speculator: Speculator, *, component: str = "engine"
+) -> None:
+    """The engine's check of what a backend returned (AR-9 / BLK-7 / BLK-8 by the claimed step kind)."""
+    k = speculator.num_spec_tokens
+    rows = proposal.draft_token_ids.shape[0]
+    if rows != step.num_reqs or len(proposal.num_drafts) != step.num_reqs:
+        raise ValueError(
+            f"backend {speculator.name!r} returned {rows} draft rows and {len(proposal.num_drafts)} counts "
+            f"for {step.num_reqs} requests"
+        )
+    bad = [
+        (rid, n)
+        for rid, n, drafting in zip(step.req_ids, proposal.num_drafts, step.drafting, strict=True)
+        if not 0 <= n <= k or (n > 0 and not drafting)
+    ]
+    if bad:
+        raise ValueError(f"backend {speculator.name!r} proposed draft counts outside [0, K={k}] or for non-drafting requests: {bad}")
+    kind = StepKind.DRAFT_BLOCK if StepKind.DRAFT_BLOCK in speculator.draft_step_kinds else StepKind.DRAFT_DECODE
+    fields: dict[str, Any] = {
+        "desc": step.desc,
+        "num_reqs": step.num_reqs,
+        "num_spec_tokens": k,
+        "draft_token_ids": proposal.draft_token_ids,
+        "draft_probs": proposal.draft_probs,
+    }
+    fields.update(proposal.extra_facts)  # a block drafter reports its own step's descriptor and sample rows
+    facts = ProposalFacts(**fields)
+    check(Subject.PROPOSAL, facts, step_kind=kind, component=component, backend=speculator.name)
