@@ -45,6 +45,7 @@ class AutoregressiveSpeculator:
         aux_layers: tuple[int, ...] = (),
         name: str = "autoregressive",
         seed: int = 0,
+        argmax_drafts: bool = False,
     ) -> None:
         if not 1 <= num_spec_tokens <= 8:
             raise ValueError(f"num_spec_tokens (K) must be in 1..8, got {num_spec_tokens}")
@@ -56,6 +57,8 @@ class AutoregressiveSpeculator:
         self.fused = fused
         self.aux_layers = aux_layers if isinstance(network, EagleHead) else ()
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.argmax_drafts = argmax_drafts
+        """Deterministic drafts even for sampled requests: the proposal is one-hot (``draft_probs`` None)."""
         self._kv: KVCacheManager | None = None
         self._storage: PagedKVStorage | None = None
 
@@ -109,7 +112,7 @@ class AutoregressiveSpeculator:
 
         if decode_steps:
             self._decode(step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs)
-        all_greedy = all(step.params[r].greedy for r in drafting)
+        all_greedy = self.argmax_drafts or all(step.params[r].greedy for r in drafting)
         return Proposal(
             draft_token_ids=tokens,
             num_drafts=tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs)),
@@ -245,9 +248,12 @@ class AutoregressiveSpeculator:
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
         """Sample (or argmax for greedy requests) with the same transform the verifier applies to the target."""
-        q = probabilities(logits, params) if params else logits.softmax(-1)
         if not params:
-            return torch.zeros(0, dtype=torch.int64, device=logits.device), q
+            return torch.zeros(0, dtype=torch.int64, device=logits.device), logits.softmax(-1)
+        if self.argmax_drafts:
+            best = logits.argmax(-1)
+            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(logits.dtype)
+        q = probabilities(logits, params)
         return sample(q, self.generator), q
 
 

@@ -1,0 +1,91 @@
+"""Run whole engines on several DP ranks, in-process (threads) or over gloo processes.
+
+A ``DPRunSpec`` is plain, picklable data: every rank rebuilds the same target
+from its config and seed, its own requests, and the speculator from a
+module-level factory, so the same spec runs on threads and on processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec import faults
+from specdec.dp_group import DPGroup, in_process_world, run_ranks
+from specdec.engine import Engine, EngineConfig, RunMetrics
+from specdec.model.config import ModelConfig
+from specdec.model.transformer import Transformer
+from specdec.sampling import SamplingParams
+from specdec.speculator import Speculator
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    req_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DPRunSpec:
+    model: ModelConfig
+    model_seed: int
+    engine: EngineConfig
+    requests: tuple[tuple[RequestSpec, ...], ...]
+    """Requests of each rank; the tuple's length is the DP size."""
+    speculator: Callable[[Transformer], Speculator] | None = None
+    faults: tuple[str, ...] = ()
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(frozen=True)
+class RankResult:
+    outputs: dict[str, list[int]]
+    metrics: RunMetrics
+    collectives: int
+
+
+def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResult:
+    """One rank's whole run: build, add its requests, step until every rank is idle."""
+    target = Transformer(spec.model, seed=spec.model_seed)
+    speculator = spec.speculator(target) if spec.speculator is not None else None
+    engine = Engine(target, spec.engine, speculator=speculator, dp_group=group)
+    my_rank = group.rank if group is not None else rank
+    for r in spec.requests[my_rank]:
+        engine.add_request(r.req_id, list(r.prompt), params=r.params, max_tokens=r.max_tokens, stop_token_ids=r.stop_token_ids)
+    outputs = engine.run()
+    return RankResult(outputs, engine.metrics, group.collectives_run if group is not None else 0)
+
+
+def run_in_process(spec: DPRunSpec, timeout_s: float = 30.0) -> list[RankResult]:
+    """All ranks as threads of this process (the fast path for tests and the matrix)."""
+    with faults.inject(*spec.faults):  # process-wide, so once for all rank threads
+        if spec.dp_size == 1:
+            return [run_rank(None, spec)]
+        return run_ranks(lambda g: run_rank(g, spec), in_process_world(spec.dp_size, timeout_s=timeout_s))
+
+
+def run_gloo_rank(group: DPGroup, spec: DPRunSpec) -> RankResult:
+    """Entry point of one gloo process (``specdec.testing.distributed.run_gloo``)."""
+    with faults.inject(*spec.faults):
+        return run_rank(group, spec)
+
+
+def plain_outputs(spec: DPRunSpec) -> dict[str, list[int]]:
+    """Every rank's requests decoded plainly on one rank: the reference output."""
+    flat = tuple(r for rank in spec.requests for r in rank)
+    single = DPRunSpec(spec.model, spec.model_seed, spec.engine, (flat,), None)
+    return run_rank(None, single).outputs
+
+
+def merged(results: Sequence[RankResult]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in results:
+        out.update(r.outputs)
+    return out
