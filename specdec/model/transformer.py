@@ -1,0 +1,345 @@
+"""The reference Llama-style transformer, run over the paged KV cache with ``AttentionMetadata``.
+
+Row counts follow DESIGN §3. The model runs ``input_ids.shape[0]`` rows (the
+descriptor's ``num_tokens``: real tokens plus CUDA-graph and DP padding); every
+row goes through the projections and the MLP (an MoE needs every rank's rows,
+pads included) and writes its K/V through ``meta.slot_mapping`` (padded rows
+hold ``PAD_SLOT_ID`` and are dropped). Attention runs on the first
+``meta.num_tokens_padded`` rows only; rows past them get zeros from attention.
+
+Parameter names are Hugging Face Llama's (``model.layers.0.self_attn.q_proj.weight``,
+``lm_head.weight``), so a checkpoint's state dict loads with ``load_hf_state_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from contracts import AttentionMetadata
+from specdec.dp_group import DPGroup
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.attention import paged_attention, write_kv
+from specdec.model.config import ModelConfig
+from specdec.model.indexer import SparseIndexer
+from specdec.model.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit, apply_rope
+from specdec.model.moe import MoEMLP
+
+
+@dataclass(frozen=True, eq=False)
+class ModelOutput:
+    """Final-norm hidden states of every model row, and the outputs of the requested decoder layers."""
+
+    hidden_states: Float[Tensor, "num_tokens hidden"]
+    aux_hidden_states: tuple[Float[Tensor, "num_tokens hidden"], ...] = ()
+
+
+class Embedding(nn.Module):
+    """Token embedding ``[vocab, hidden]``; shared with drafters and, when tied, with the LM head."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, init: WeightInit, name: str) -> None:
+        super().__init__()
+        self.weight = init.parameter(f"{name}.weight", (vocab_size, hidden_size), 1.0)
+
+    def forward(self, input_ids: Int[Tensor, " num_tokens"]) -> Float[Tensor, "num_tokens hidden"]:
+        return F.embedding(input_ids, self.weight)
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query attention with RoPE, optionally restricted by a sparse indexer on decode steps."""
+
+    def __init__(self, config: ModelConfig, init: WeightInit, name: str, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        hidden, kv_width = config.hidden_size, config.num_kv_heads * config.head_dim
+        self.q_proj = Linear(hidden, config.num_heads * config.head_dim, init, f"{name}.q_proj")
+        self.k_proj = Linear(hidden, kv_width, init, f"{name}.k_proj")
+        self.v_proj = Linear(hidden, kv_width, init, f"{name}.v_proj")
+        self.o_proj = Linear(config.num_heads * config.head_dim, hidden, init, f"{name}.o_proj")
+        self.indexer = (
+            SparseIndexer(config.indexer, hidden, kv_width, init, f"{name}.indexer")
+            if config.indexer is not None
+            else None
+        )
+
+    def project(
+        self, h: Float[Tensor, "num_tokens hidden"], positions: Int[Tensor, " num_tokens"]
+    ) -> tuple[
+        Float[Tensor, "num_tokens heads head_dim"],
+        Float[Tensor, "num_tokens kv_heads head_dim"],
+        Float[Tensor, "num_tokens kv_heads head_dim"],
+    ]:
+        """Rotated queries and keys, and values, for every model row."""
+        n = h.shape[0]
+        q = self.q_proj(h).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+
+    def forward(
+        self,
+        h: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+    ) -> Float[Tensor, "num_tokens hidden"]:
+        """Write K/V for every model row, then attend with the first ``meta.num_tokens_padded`` rows."""
+        q, k, v = self.project(h, positions)
+        write_kv(kv, self.layer, meta, k, v)
+        rows = meta.num_tokens_padded
+        sparse_mask = None
+        if self.indexer is not None and SparseIndexer.applies_to(meta):
+            sparse_mask = self.indexer(h[:rows], meta, kv, self.layer)
+        out = torch.zeros_like(q)
+        out[:rows] = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask)
+        return self.o_proj(out.view(h.shape[0], self.num_heads * self.head_dim))
+
+    def forward_dense(
+        self, h: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool
+    ) -> Float[Tensor, "seq_len hidden"]:
+        """One sequence without any cache, through ``scaled_dot_product_attention``: the test oracle."""
+        q, k, v = self.project(h, positions)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=causal, enable_gqa=True
+        )
+        return self.o_proj(out[0].transpose(0, 1).reshape(h.shape[0], self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention, then a SwiGLU MLP or an expert-parallel MoE."""
+
+    def __init__(self, config: ModelConfig, init: WeightInit, layer: int) -> None:
+        super().__init__()
+        name = f"model.layers.{layer}"
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, init, f"{name}.input_layernorm")
+        self.self_attn = SelfAttention(config, init, f"{name}.self_attn", layer)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, init, f"{name}.post_attention_layernorm"
+        )
+        self.mlp: SwiGLUMLP | MoEMLP = (
+            MoEMLP(config.moe, config.hidden_size, config.expert_intermediate_size, init, f"{name}.mlp", layer)
+            if config.moe is not None
+            else SwiGLUMLP(config.hidden_size, config.intermediate_size, init, f"{name}.mlp")
+        )
+
+    def run_mlp(
+        self,
+        x: Float[Tensor, "num_tokens hidden"],
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> Float[Tensor, "num_tokens hidden"]:
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, MoEMLP):
+            return x + self.mlp(h, dp_group=dp_group, num_tokens_across_dp=num_tokens_across_dp)
+        return x + self.mlp(h)
+
+    def forward(
+        self,
+        x: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        dp_group: DPGroup | None = None,
+        num_tokens_across_dp: Sequence[int] | None = None,
+    ) -> Float[Tensor, "num_tokens hidden"]:
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv)
+        return self.run_mlp(x, dp_group, num_tokens_across_dp)
+
+    def forward_dense(
+        self, x: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool
+    ) -> Float[Tensor, "seq_len hidden"]:
+        x = x + self.self_attn.forward_dense(self.input_layernorm(x), positions, causal)
+        return self.run_mlp(x, None, None)
+
+
+class DecoderStack(nn.Module):
+    """The ``model.*`` part of a Hugging Face Llama: embeddings, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig, init: WeightInit) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, init, "model.embed_tokens")
+        self.layers = nn.ModuleList(DecoderLayer(config, init, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, init, "model.norm")
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, typed (``nn.ModuleList`` items are plain ``nn.Module`` to a type checker)."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+
+class Transformer(nn.Module):
+    """The reference target (and draft) model; weights drawn deterministically from ``seed``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        if not dtype.is_floating_point:
+            raise ValueError(f"model dtype must be floating point, got {dtype}")
+        self.config = config
+        self.seed = seed
+        self.dtype = dtype
+        init = WeightInit(seed, dtype, device)
+        self.model = DecoderStack(config, init)
+        self.lm_head: Linear | None = (
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, init, "lm_head")
+        )
+
+    # -- shared with drafters ----------------------------------------------------------------------
+
+    @property
+    def lm_head_weight(self) -> Float[Tensor, "vocab hidden"]:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, input_ids: Int[Tensor, " num_tokens"]) -> Float[Tensor, "num_tokens hidden"]:
+        """Token embeddings; drafters call this to share the target's table."""
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden: Float[Tensor, "num_rows hidden"]) -> Float[Tensor, "num_rows vocab"]:
+        """The LM head (tied to the embeddings or not) on already-normed hidden states."""
+        return F.linear(hidden, self.lm_head_weight)
+
+    def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
+        """A paged cache with this model's layer count, KV heads, head size, dtype and device."""
+        c = self.config
+        return PagedKVStorage(
+            c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.device
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    # -- forwards ----------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        aux_layers: Sequence[int] = (),
+        inputs_embeds: Float[Tensor, "num_tokens hidden"] | None = None,
+        dp_group: DPGroup | None = None,
+        num_tokens_across_dp: Sequence[int] | None = None,
+    ) -> ModelOutput:
+        """One step over the paged cache: prefill, decode, verify, block-draft or a mix, padded or not.
+
+        ``inputs_embeds`` replaces the embedding lookup (drafters that fuse
+        target hidden states); ``aux_layers`` selects decoder layers whose
+        outputs are returned (EAGLE-3, DFlash read them). ``dp_group`` and
+        ``num_tokens_across_dp`` are used by the MoE's expert-parallel dispatch.
+        """
+        rows = input_ids.shape[0]
+        self._validate_step(rows, positions, meta, kv, inputs_embeds)
+        wanted = self._aux_indices(aux_layers)
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        captured: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.decoder_layers()):
+            x = layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
+            if i in wanted:
+                captured[i] = x
+        return ModelOutput(self.model.norm(x), tuple(captured[i] for i in aux_layers))
+
+    def forward_dense(
+        self,
+        input_ids: Int[Tensor, " seq_len"],
+        *,
+        aux_layers: Sequence[int] = (),
+        causal: bool = True,
+    ) -> ModelOutput:
+        """One whole sequence at positions ``0..seq_len-1`` with no cache: the oracle the paged path must match.
+
+        Dense attention throughout (no sparse indexer) and all MoE experts local.
+        """
+        wanted = self._aux_indices(aux_layers)
+        positions = torch.arange(input_ids.shape[0], device=input_ids.device)
+        x = self.embed(input_ids)
+        captured: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.decoder_layers()):
+            x = layer.forward_dense(x, positions, causal)
+            if i in wanted:
+                captured[i] = x
+        return ModelOutput(self.model.norm(x), tuple(captured[i] for i in aux_layers))
+
+    # -- weights -----------------------------------------------------------------------------------
+
+    def named_weights(self) -> dict[str, Tensor]:
+        """Every weight by its Hugging Face name (no ``lm_head.weight`` when tied)."""
+        return dict(self.state_dict())
+
+    def load_hf_state_dict(self, state: Mapping[str, Tensor], *, strict: bool = True) -> None:
+        """Fill the weights from a Hugging Face Llama state dict, casting to this model's dtype.
+
+        A tied model ignores ``lm_head.weight`` if the checkpoint carries one;
+        rotary ``inv_freq`` buffers of older checkpoints are ignored too.
+        """
+        ignored = ("rotary_emb.inv_freq",)
+        own = self.named_weights()
+        usable = {k: v for k, v in state.items() if not k.endswith(ignored)}
+        if self.lm_head is None:
+            usable.pop("lm_head.weight", None)
+        wrong = [
+            (k, tuple(v.shape), tuple(own[k].shape)) for k, v in usable.items() if k in own and v.shape != own[k].shape
+        ]
+        if wrong:
+            raise ValueError(f"checkpoint shapes differ from the config (name, checkpoint, model): {wrong}")
+        converted = {k: v.to(dtype=self.dtype, device=self.device) for k, v in usable.items()}
+        self.load_state_dict(converted, strict=strict)
+
+    # -- validation --------------------------------------------------------------------------------
+
+    def _aux_indices(self, aux_layers: Iterable[int]) -> set[int]:
+        wanted = set(aux_layers)
+        bad = sorted(i for i in wanted if not 0 <= i < self.config.num_layers)
+        if bad:
+            raise ValueError(f"aux_layers {bad} are outside [0, num_layers={self.config.num_layers})")
+        return wanted
+
+    def _validate_step(
+        self,
+        rows: int,
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        inputs_embeds: Float[Tensor, "num_tokens hidden"] | None,
+    ) -> None:
+        """Shape-only checks (no device reads): the row counts a fused model runner would assume."""
+        if positions.shape != (rows,):
+            raise ValueError(f"positions has shape {tuple(positions.shape)}; one position per model row ({rows})")
+        if inputs_embeds is not None and tuple(inputs_embeds.shape) != (rows, self.config.hidden_size):
+            raise ValueError(
+                f"inputs_embeds has shape {tuple(inputs_embeds.shape)}; [{rows}, {self.config.hidden_size}] expected"
+            )
+        if meta.slot_mapping.shape[0] != rows:
+            raise ValueError(
+                f"meta.slot_mapping has {meta.slot_mapping.shape[0]} entries but the model runs {rows} rows "
+                "(input_ids.shape[0] == desc.num_tokens); every model row writes K/V, padded rows to PAD_SLOT_ID"
+            )
+        if meta.num_tokens_padded > rows:
+            raise ValueError(
+                f"meta.num_tokens_padded ({meta.num_tokens_padded}) exceeds the model rows ({rows}); "
+                "attention runs on a prefix of the model rows"
+            )
+        c = self.config
+        if kv.num_layers < c.num_layers or (kv.num_kv_heads, kv.head_dim) != (c.num_kv_heads, c.head_dim):
+            raise ValueError(
+                f"KV storage ({kv.num_layers} layers, {kv.num_kv_heads} KV heads of {kv.head_dim}) does not fit "
+                f"the model ({c.num_layers} layers, {c.num_kv_heads} KV heads of {c.head_dim})"
+            )
+        if kv.dtype != self.dtype:
+            raise ValueError(f"KV storage dtype {kv.dtype} differs from the model dtype {self.dtype}")
