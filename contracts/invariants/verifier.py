@@ -20,7 +20,7 @@ VERIFY = {StepKind.VERIFY}
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the bonus token was dropped, or unused slots were left uninitialised",
-    wired=False,
+    wired=True,
 )
 def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     out = facts.verifier_output
@@ -47,7 +47,7 @@ def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="draft slots past num_draft_r were compared with the target instead of being masked",
-    wired=False,
+    wired=True,
 )
 def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     out = facts.verifier_output
@@ -70,7 +70,7 @@ def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the backbone distribution was passed instead of the corrected (e.g. Markov) one the drafts came from",
-    wired=False,
+    wired=True,
 )
 def ver_3(facts: VerifierFacts, _: ValueReader) -> Observed | None:
     given, drawn = facts.verifier_input.draft_probs, facts.sampled_from
