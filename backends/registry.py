@@ -39,7 +39,9 @@ def spread_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
 
 
 @register("eagle")
-def _eagle(target: Transformer, *, num_spec_tokens: int = 4, fused: bool = False, seed: int = 1, **_: Any) -> Speculator:
+def _eagle(
+    target: Transformer, *, num_spec_tokens: int = 4, fused: bool = False, seed: int = 1, **_: Any
+) -> Speculator:
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 
     aux = spread_layers(target.config.num_layers)
@@ -66,4 +68,6 @@ def _draft_model(
         raise ValueError(
             f"a draft model needs the target's vocabulary: {draft.config.vocab_size} != {target.config.vocab_size}"
         )
-    return AutoregressiveSpeculator(ModelDrafter(draft), num_spec_tokens=num_spec_tokens, fused=fused, name="draft-model")
+    return AutoregressiveSpeculator(
+        ModelDrafter(draft), num_spec_tokens=num_spec_tokens, fused=fused, name="draft-model"
+    )

@@ -186,7 +186,13 @@ class Engine:
         across = state.num_tokens_across_dp if self.dp_group is not None else None
         aux = self.speculator.aux_layers if self.speculator is not None else ()
         output = self.model(
-            input_ids, positions, meta, self.kv_storage, aux_layers=aux, dp_group=self.dp_group, num_tokens_across_dp=across
+            input_ids,
+            positions,
+            meta,
+            self.kv_storage,
+            aux_layers=aux,
+            dp_group=self.dp_group,
+            num_tokens_across_dp=across,
         )
         for it in items:
             self.kv.set_length(it.request.req_id, it.request.num_computed + len(it.query_tokens))
@@ -223,7 +229,9 @@ class Engine:
         self.kv.check(committed_lengths=committed)
 
         if self.speculator is not None and self.draft_ctx is not None:
-            host_positions = [s.num_computed_tokens + (lv - q) for s, lv, q in zip(scheduled, last_valid, qsl, strict=False)]
+            host_positions = [
+                s.num_computed_tokens + (lv - q) for s, lv, q in zip(scheduled, last_valid, qsl, strict=False)
+            ]
             step = TargetStep(
                 desc=desc,
                 dp_state=state,

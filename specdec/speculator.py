@@ -239,9 +239,7 @@ class DraftContext:
         return [(name, cache.facts()) for name, cache in self.caches.items()]
 
 
-def check_proposal(
-    proposal: Proposal, step: TargetStep, speculator: Speculator, *, component: str = "engine"
-) -> None:
+def check_proposal(proposal: Proposal, step: TargetStep, speculator: Speculator, *, component: str = "engine") -> None:
     """The engine's check of what a backend returned (AR-9 / BLK-7 / BLK-8 by the claimed step kind)."""
     k = speculator.num_spec_tokens
     rows = proposal.draft_token_ids.shape[0]
@@ -256,7 +254,9 @@ def check_proposal(
         if not 0 <= n <= k or (n > 0 and not drafting)
     ]
     if bad:
-        raise ValueError(f"backend {speculator.name!r} proposed draft counts outside [0, K={k}] or for non-drafting requests: {bad}")
+        raise ValueError(
+            f"backend {speculator.name!r} proposed draft counts outside [0, K={k}] or for non-drafting requests: {bad}"
+        )
     kind = StepKind.DRAFT_BLOCK if StepKind.DRAFT_BLOCK in speculator.draft_step_kinds else StepKind.DRAFT_DECODE
     fields: dict[str, Any] = {
         "desc": step.desc,

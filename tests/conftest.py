@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 import contracts
@@ -20,6 +21,10 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+# Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine they
+# make torch up to an order of magnitude slower; tests run torch single-threaded.
+torch.set_num_threads(1)
+
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -81,7 +81,9 @@ class EagleHead(nn.Module):
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         c = self.config
-        return PagedKVStorage(1, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.target.dtype, device=self.target.device)
+        return PagedKVStorage(
+            1, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype=self.target.dtype, device=self.target.device
+        )
 
 
 class ModelDrafter(nn.Module):

@@ -152,7 +152,11 @@ class AutoregressiveSpeculator:
             last_token_indices=padded_rows(step.last_valid, rows_padded, device),
         )
         out = ctx.forward(
-            self.network, StepKind.DRAFT_PREFILL, facts, self.storage, num_tokens_across_dp=step.dp_state.num_tokens_across_dp
+            self.network,
+            StepKind.DRAFT_PREFILL,
+            facts,
+            self.storage,
+            num_tokens_across_dp=step.dp_state.num_tokens_across_dp,
         )
         for s in step.scheduled:
             kv.set_length(s.req_id, s.seq_len)
@@ -241,7 +245,9 @@ class AutoregressiveSpeculator:
         if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
             return desc, state.num_tokens_across_dp
         rows = state.max_num_tokens
-        padded = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=1)
+        padded = BatchExecutionDescriptor(
+            cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=1
+        )
         return padded, (rows,) * state.dp_size
 
     def _draw(

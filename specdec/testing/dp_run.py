@@ -58,7 +58,9 @@ def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResul
     engine = Engine(target, spec.engine, speculator=speculator, dp_group=group)
     my_rank = group.rank if group is not None else rank
     for r in spec.requests[my_rank]:
-        engine.add_request(r.req_id, list(r.prompt), params=r.params, max_tokens=r.max_tokens, stop_token_ids=r.stop_token_ids)
+        engine.add_request(
+            r.req_id, list(r.prompt), params=r.params, max_tokens=r.max_tokens, stop_token_ids=r.stop_token_ids
+        )
     outputs = engine.run()
     return RankResult(outputs, engine.metrics, group.collectives_run if group is not None else 0)
 
