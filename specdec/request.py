@@ -55,9 +55,9 @@ class RequestMetrics:
         return self.emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """What a user asked for and how far it got.
+    """What a user asked for and how far it got (compared by identity: one object per request).
 
     ``num_computed`` counts tokens whose target KV is committed; the next query
     of a decoding request is ``[last token] + drafts``. Drafts and the proposal

@@ -9,8 +9,10 @@ from contracts import AttentionMetadata, BatchExecutionDescriptor, BatchFacts, C
 I32 = torch.int32
 
 
-def decode_metadata(num_reqs: int, rows: int, attn_tokens: int, *, seq_base: int = 7) -> AttentionMetadata:
-    """One query per request: ``rows`` request rows, ``attn_tokens`` query rows."""
+def decode_metadata(
+    num_reqs: int, rows: int, attn_tokens: int, *, model_tokens: int | None = None, seq_base: int = 7
+) -> AttentionMetadata:
+    """One query per request: ``rows`` request rows, ``attn_tokens`` query rows, ``model_tokens`` slots."""
     qsl = torch.tensor([min(i, num_reqs) for i in range(rows + 1)], dtype=I32)
     seq = torch.tensor([seq_base + 1] * num_reqs + [0] * (rows - num_reqs), dtype=I32)
     return AttentionMetadata(
@@ -24,7 +26,7 @@ def decode_metadata(num_reqs: int, rows: int, attn_tokens: int, *, seq_base: int
         seq_lens=seq,
         query_start_loc=qsl,
         block_table=torch.zeros((rows, 4), dtype=I32),
-        slot_mapping=torch.full((attn_tokens,), -1, dtype=torch.int64),
+        slot_mapping=torch.full((model_tokens or attn_tokens,), -1, dtype=torch.int64),
         query_start_loc_cpu=qsl.clone(),
         seq_lens_cpu=seq.clone(),
     )
@@ -42,7 +44,7 @@ def decode_facts(
     else:
         desc = BatchExecutionDescriptor(cg_mode=mode, num_tokens=model_tokens, num_reqs=num_reqs, uniform_token_count=1)
         rows, attn = num_reqs, num_reqs
-    meta = decode_metadata(num_reqs, rows, attn)
+    meta = decode_metadata(num_reqs, rows, attn, model_tokens=model_tokens)
     if meta_overrides:
         import dataclasses
 

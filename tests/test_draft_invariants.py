@@ -207,3 +207,9 @@ def test_blk_8_only_applies_to_dspark() -> None:
 def test_blk_8_catches_every_dspark_bug_pattern(name: str, proposal: dict[str, torch.Tensor]) -> None:
     facts = ProposalFacts(block_facts().desc, 2, 3, torch.zeros((2, 3), dtype=torch.int64), **proposal)
     expect("BLK-8", Subject.PROPOSAL, facts, BLOCK, "dspark")
+
+
+def test_ar_6_catches_a_slot_mapping_sized_by_requests() -> None:
+    facts = decode_facts()
+    short = dataclasses.replace(facts.meta, slot_mapping=torch.full((12,), -1, dtype=torch.int64))
+    expect("AR-6", Subject.BATCH, dataclasses.replace(facts, meta=short), DECODE)

@@ -73,7 +73,7 @@ def test_shapes_mode_never_reads_fake_cuda_tensors() -> None:
                 facts.meta,
                 seq_lens=torch.empty(12, dtype=torch.int32, device="cuda"),
                 query_start_loc=torch.empty(13, dtype=torch.int32, device="cuda"),
-                slot_mapping=torch.empty(12, dtype=torch.int64, device="cuda"),
+                slot_mapping=torch.empty(13, dtype=torch.int64, device="cuda"),
                 block_table=torch.empty((12, 4), dtype=torch.int32, device="cuda"),
                 query_start_loc_cpu=None,
                 seq_lens_cpu=None,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests_support import perturbed_copy
 
 from backends import create
 from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
@@ -28,16 +28,6 @@ from specdec.speculator import Speculator
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
 
 TARGET = ModelConfig.tiny()
-
-
-def perturbed_copy(target: Transformer, scale: float, seed: int) -> Transformer:
-    """The target with noise on its weights: agrees with it often but not always."""
-    copy = Transformer(target.config, seed=target.seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in copy.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
-    return copy
 
 
 def self_drafter(k: int, fused: bool) -> Callable[[Transformer], Speculator]:

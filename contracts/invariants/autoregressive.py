@@ -24,7 +24,6 @@ DP_PAD_LEAK = (
     subject=Subject.BATCH,
     step_kinds=PREFILL,
     likely_cause="the draft prefill was sized from the real token count, so DP collectives would not line up",
-    wired=False,
 )
 def ar_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     target = facts.target_desc
@@ -47,7 +46,6 @@ def ar_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=PREFILL,
     likely_cause="the sampled position was taken from the padded layout or from the neighbouring request",
-    wired=False,
 )
 def ar_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     idx = reader.device(facts.last_token_indices)
@@ -68,7 +66,6 @@ def ar_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause="the target's piecewise descriptor was reused for one-query-per-request draft decode",
-    wired=False,
 )
 def ar_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
@@ -84,7 +81,6 @@ def ar_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause="a verify-shaped (K+1 tokens per request) descriptor was reused for one-query draft decode",
-    wired=False,
 )
 def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
@@ -104,7 +100,6 @@ def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause=DP_PAD_LEAK,
-    wired=False,
 )
 def ar_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, meta = facts.desc, facts.meta
@@ -129,21 +124,22 @@ def ar_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "AR-6",
-    "Draft decode model inputs (ids, positions, hidden states) have length desc.num_tokens; the DP pad is allowed there.",
+    "Draft decode model inputs (ids, positions, hidden states) and the slot mapping have length desc.num_tokens; the DP pad is allowed there.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause="model inputs were cut to the request count, so DP collectives would not line up",
-    wired=False,
 )
 def ar_6(facts: BatchFacts, _: ValueReader) -> Observed | None:
     n = facts.desc.num_tokens
     hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
-    if facts.input_ids.shape[0] != n or facts.positions.shape[0] != n or hidden != n:
+    slots = facts.meta.slot_mapping.shape[0]
+    if facts.input_ids.shape[0] != n or facts.positions.shape[0] != n or hidden != n or slots != n:
         return {
             "len(input_ids)": facts.input_ids.shape[0],
             "len(positions)": facts.positions.shape[0],
             "hidden rows": hidden,
+            "len(slot_mapping)": slots,
             "desc.num_tokens": n,
         }
     return None
@@ -156,7 +152,6 @@ def ar_6(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause="padded requests were given a query, or query_start_loc was copied from the target step",
-    wired=False,
 )
 def ar_7(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     meta = facts.meta
@@ -176,7 +171,6 @@ def ar_7(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=DECODE,
     likely_cause="positions were not advanced (or advanced twice) between draft steps",
-    wired=False,
 )
 def ar_8(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     if facts.base_positions is None or facts.draft_step is None or facts.max_model_len is None:
@@ -200,7 +194,6 @@ def ar_8(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.PROPOSAL,
     step_kinds=DECODE,
     likely_cause="draft tokens were sampled for padded requests or K was taken from another config",
-    wired=False,
 )
 def ar_9(facts: ProposalFacts, _: ValueReader) -> Observed | None:
     rows, cols = facts.draft_token_ids.shape
