@@ -53,6 +53,12 @@ def _bench_contracts(args: argparse.Namespace) -> int:
     return bench_main(repeats=args.repeats, num_reqs=args.num_reqs, query_len=args.query_len)
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from specdec.generate import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Contract-checked speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", metavar="PATH", help="write the markdown catalog (docs/contracts.md)")
     p.add_argument("--check", metavar="PATH", help="exit 1 if PATH differs from the generated catalog")
     p.set_defaults(func=_contracts)
+
+    from specdec.generate import add_arguments
+
+    g = sub.add_parser("generate", help="run the engine (random tiny target) and print tokens and metrics")
+    add_arguments(g)
+    g.set_defaults(func=_generate)
 
     b = sub.add_parser("bench-contracts", help="measure the cost of each contract mode per step boundary")
     b.add_argument("--repeats", type=int, default=2000)
