@@ -208,11 +208,14 @@ class Engine:
         finished: list[str] = []
         for r, it in enumerate(items):
             req = it.request
-            if it.samples:
+            samples = it.samples  # read before the request advances: the property depends on its state
+            if samples:
                 a = accepted[r]
                 req.num_computed += 1 + a if it.num_drafts or not req.in_prefill else len(it.query_tokens)
                 last_valid.append(qsl[r] + (a if it.num_drafts else len(it.query_tokens) - 1))
+                before = len(req.output)
                 self._append(req, emitted[r])
+                emitted[r] = req.output[before:]  # what reaches the output: cut at a stop token or max_tokens
                 next_tokens.append(req.tokens[-1])
             else:
                 req.num_computed += len(it.query_tokens)
@@ -224,7 +227,7 @@ class Engine:
                 drafting.append(False)
             else:
                 self.kv.truncate(req.req_id, req.num_computed)
-                drafting.append(it.samples)
+                drafting.append(samples)
         committed = {it.request.req_id: it.request.num_computed for it in items if it.request.finish_reason is None}
         self.kv.check(committed_lengths=committed)
 
