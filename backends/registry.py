@@ -71,3 +71,22 @@ def _draft_model(
     return AutoregressiveSpeculator(
         ModelDrafter(draft), num_spec_tokens=num_spec_tokens, fused=fused, name="draft-model"
     )
+
+
+@register("dflash")
+def _dflash(
+    target: Transformer,
+    *,
+    num_spec_tokens: int = 4,
+    seed: int = 1,
+    num_layers: int = 1,
+    argmax_drafts: bool = False,
+    **_: Any,
+) -> Speculator:
+    from backends.dflash import DFlashNetwork, DFlashSpeculator
+
+    aux = spread_layers(target.config.num_layers, count=5)
+    network = DFlashNetwork(target, num_aux=len(aux), seed=seed, num_layers=num_layers)
+    return DFlashSpeculator(
+        network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
+    )

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 KNOWN_FAULTS = {
     "ar_decode_attention_rows_from_desc": "AR draft decode metadata built with desc.num_tokens (DP pad included) "
     "as its attention token count: the pre-fix vLLM behaviour behind the DeepSeek-V3.2 DP crash",
+    "block_attention_rows_from_desc": "block-drafter (DFlash) metadata built with desc.num_tokens (DP pad included) "
+    "as its attention token count outside FULL mode: the follow-up vLLM bug (FlashInfer q.shape[0] != qo_indptr[-1])",
 }
 
 _ACTIVE: set[str] = set()

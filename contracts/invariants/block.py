@@ -28,7 +28,7 @@ def _q(facts: BatchFacts) -> int:
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
-    wired=False,
+    wired=True,
 )
 def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     q, n = _q(facts), facts.num_spec_tokens
@@ -46,7 +46,7 @@ def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
-    wired=False,
+    wired=True,
 )
 def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, q = facts.desc, _q(facts)
@@ -68,7 +68,7 @@ def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause=DP_PAD_LEAK,
-    wired=False,
+    wired=True,
 )
 def blk_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, meta, q = facts.desc, facts.meta, _q(facts)
@@ -95,7 +95,7 @@ def blk_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="padded requests were given queries (they must be zero-length)",
-    wired=False,
+    wired=True,
 )
 def blk_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     meta, q = facts.meta, _q(facts)
@@ -117,7 +117,7 @@ def blk_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="the block was placed at the last verified position instead of after it (off by one)",
-    wired=False,
+    wired=True,
 )
 def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     if facts.base_positions is None or facts.max_model_len is None:
@@ -145,7 +145,7 @@ def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="rejected or padded rows would write into the draft KV cache",
-    wired=False,
+    wired=True,
 )
 def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     slots = reader.device(facts.meta.slot_mapping)
@@ -171,7 +171,7 @@ def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.PROPOSAL,
     step_kinds=BLOCK,
     likely_cause="padded requests were sampled, or sample indices were computed for a DP-padded layout",
-    wired=False,
+    wired=True,
 )
 def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     idx_t = facts.sample_indices

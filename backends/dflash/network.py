@@ -1,0 +1,221 @@
+"""The DFlash draft network: KV injection of fused target features, then one bidirectional block pass.
+
+Target hidden states of several layers are concatenated and projected
+(linear + RMSNorm) to the draft width; every draft layer turns that feature
+into context K/V with its own ``k_proj``/``v_proj`` ("KV injection", written to
+the draft cache for committed tokens only). Queries come only from block
+tokens ``[bonus, MASK x (q-1)]``; each block query attends to the cached
+context before the block plus the block's own K/V, which are computed in the
+step and never cached. The embedding and LM head are the target's (shared,
+frozen); the MASK embedding is the drafter's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from contracts import AttentionMetadata
+from specdec.dp_group import DPGroup
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.attention import attend, validate_attention_inputs, write_kv
+from specdec.model.config import ModelConfig
+from specdec.model.layers import Linear, RMSNorm, WeightInit, apply_rope
+from specdec.model.transformer import DecoderLayer, SelfAttention, Transformer
+from specdec.speculator import DraftOutput
+
+MASK_TOKEN_ID = -2
+"""Input id of a MASK row; it selects the drafter's learned MASK embedding (not a vocabulary entry)."""
+
+
+def block_attention(
+    q: Float[Tensor, "rows heads head_dim"],
+    block_k: Float[Tensor, "rows kv_heads head_dim"],
+    block_v: Float[Tensor, "rows kv_heads head_dim"],
+    meta: AttentionMetadata,
+    kv: PagedKVStorage,
+    layer: int,
+    context_lens: Sequence[int],
+) -> Float[Tensor, "rows heads head_dim"]:
+    """Each block query sees its request's cached context ``[0, context_lens[r])`` plus the whole block.
+
+    The block K/V are concatenated here instead of being written to the cache
+    and rolled back, so the draft cache only ever holds committed context.
+    Validates like a kernel first (``q.shape[0]`` vs ``qo_indptr[-1]``).
+    """
+    qsl = validate_attention_inputs(q, meta)
+    n_rep = q.shape[1] // kv.num_kv_heads
+    scale = 1.0 / math.sqrt(q.shape[2])
+    out = torch.zeros_like(q)
+    for r in range(meta.num_reqs):
+        start, end = qsl[r], qsl[r + 1]
+        if end == start:
+            continue
+        ctx_k, ctx_v = kv.gather(layer, meta.block_table[r], context_lens[r])
+        keys = torch.cat([ctx_k, block_k[start:end]]).repeat_interleave(n_rep, dim=1)
+        values = torch.cat([ctx_v, block_v[start:end]]).repeat_interleave(n_rep, dim=1)
+        allowed = torch.ones((end - start, keys.shape[0]), dtype=torch.bool, device=q.device)
+        out[start:end] = attend(q[start:end], keys, values, allowed, scale)
+    return out
+
+
+def context_kv(
+    attn: SelfAttention, feature: Float[Tensor, "ctx hidden"], positions: Int[Tensor, " ctx"]
+) -> tuple[Float[Tensor, "ctx kv_heads head_dim"], Float[Tensor, "ctx kv_heads head_dim"]]:
+    """One layer's injected K (rotated at the context positions) and V from the fused target feature."""
+    n = feature.shape[0]
+    k = attn.k_proj(feature).view(n, attn.num_kv_heads, attn.head_dim)
+    v = attn.v_proj(feature).view(n, attn.num_kv_heads, attn.head_dim)
+    return apply_rope(k, positions, attn.rope_theta), v
+
+
+class DFlashNetwork(nn.Module):
+    """Feature fusion, a MASK embedding and a few decoder layers whose attention is a block attention.
+
+    ``echo`` is test-only: every block row's output is replaced by its bonus
+    row's embedding, so the shared LM head proposes what it reads off the bonus
+    token alone. It stands in for a trained drafter in tests that need drafts
+    a target sometimes accepts; no real DFlash checkpoint behaves like this.
+    """
+
+    def __init__(
+        self,
+        target: Transformer,
+        *,
+        num_aux: int,
+        seed: int,
+        num_layers: int = 1,
+        layer_config: ModelConfig | None = None,
+        echo: bool = False,
+    ) -> None:
+        super().__init__()
+        hidden = target.config.hidden_size
+        config = layer_config or target.config.model_copy(update={"num_layers": num_layers})
+        if config.hidden_size != hidden or config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"a DFlash drafter shares the target's width and vocabulary: got hidden {config.hidden_size} "
+                f"(target {hidden}), vocab {config.vocab_size} (target {target.config.vocab_size})"
+            )
+        if config.indexer is not None:
+            raise ValueError("DFlash block attention is dense; a sparse indexer is not supported")
+        init = WeightInit(seed, target.dtype, target.device)
+        self.config = config
+        self.num_aux = num_aux
+        self.echo = echo
+        self.fc = Linear(num_aux * hidden, hidden, init, "fc")
+        self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, init, "hidden_norm")
+        self.mask_embedding = init.parameter("mask_embedding", (hidden,), 1.0)
+        self.layers = nn.ModuleList(DecoderLayer(config, init, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, init, "norm")
+        self._target = [target]  # shared, frozen; a list keeps it out of this module's parameters
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
+        c = self.config
+        return PagedKVStorage(
+            c.num_layers,
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=self.target.dtype,
+            device=self.target.device,
+        )
+
+    # -- KV injection ------------------------------------------------------------------------------
+
+    def fuse(self, aux: Sequence[Float[Tensor, "ctx hidden"]]) -> Float[Tensor, "ctx hidden"]:
+        """``RMSNorm(fc([h_l1; ...; h_ln]))``: the target context in the draft width."""
+        if len(aux) != self.num_aux:
+            raise ValueError(f"DFlash fuses {self.num_aux} target layers, got {len(aux)}")
+        fused: Tensor = self.hidden_norm(self.fc(torch.cat(list(aux), dim=-1)))
+        return fused
+
+    def inject_context(
+        self,
+        aux: Sequence[Float[Tensor, "ctx hidden"]],
+        positions: Int[Tensor, " ctx"],
+        slot_mapping: Int[Tensor, " ctx"],
+        kv: PagedKVStorage,
+    ) -> None:
+        """Write every layer's context K/V of the target rows; ``PAD_SLOT_ID`` rows (rejected, padded) are dropped."""
+        feature = self.fuse(aux)
+        for layer in self.decoder_layers():
+            k, v = context_kv(layer.self_attn, feature, positions)
+            kv.write(layer.self_attn.layer, slot_mapping, k, v)
+
+    # -- the block forward -------------------------------------------------------------------------
+
+    def embed_block(self, input_ids: Int[Tensor, " num_tokens"]) -> Float[Tensor, "num_tokens hidden"]:
+        """Target embeddings for real tokens, the drafter's MASK vector for ``MASK_TOKEN_ID`` rows."""
+        is_mask = input_ids == MASK_TOKEN_ID
+        x = self.target.embed(input_ids.clamp(min=0))
+        return torch.where(is_mask[:, None], self.mask_embedding.to(x.dtype)[None, :], x)
+
+    def forward(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        features: Float[Tensor, "num_tokens feat"] | None,
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> DraftOutput:
+        """One block pass over ``desc.num_tokens`` model rows; attention over ``meta.num_tokens_padded`` rows."""
+        del features  # DFlash's context arrives through the cache (KV injection), not per row
+        q_width = meta.query_width or 1
+        starts = torch.arange(meta.num_reqs, device=positions.device) * q_width
+        # The bonus sits right after the committed context, and is never clamped: a drafting request has room for it.
+        context_lens = [int(p) for p in positions[starts].tolist()]
+        x0 = self.embed_block(input_ids)
+        x = x0
+        for layer in self.decoder_layers():
+            x = self._layer(layer, x, positions, meta, kv, context_lens, dp_group, num_tokens_across_dp)
+        if self.echo:
+            x = self._echo(x, x0, meta.num_reqs, q_width)
+        return DraftOutput(x, self.target.compute_logits(self.norm(x)))
+
+    @staticmethod
+    def _layer(
+        layer: DecoderLayer,
+        x: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        context_lens: Sequence[int],
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> Float[Tensor, "num_tokens hidden"]:
+        """A pre-norm decoder layer whose attention is ``block_attention``; the MLP (or MoE) runs every model row."""
+        attn = layer.self_attn
+        n = x.shape[0]
+        q, k, v = attn.project(layer.input_layernorm(x), positions)
+        write_kv(kv, attn.layer, meta, k, v)  # every slot is PAD_SLOT_ID: checks the row count, caches nothing
+        rows = meta.num_tokens_padded
+        out = torch.zeros_like(q)
+        out[:rows] = block_attention(q[:rows], k[:rows], v[:rows], meta, kv, attn.layer, context_lens)
+        x = x + attn.o_proj(out.view(n, attn.num_heads * attn.head_dim))
+        return layer.run_mlp(x, dp_group, num_tokens_across_dp)
+
+    @staticmethod
+    def _echo(
+        x: Float[Tensor, "num_tokens hidden"], x0: Float[Tensor, "num_tokens hidden"], num_reqs: int, q: int
+    ) -> Float[Tensor, "num_tokens hidden"]:
+        rows = num_reqs * q
+        bonus_rows = torch.arange(rows, device=x.device) // q * q
+        out = x.clone()
+        out[:rows] = x0[bonus_rows]
+        return out

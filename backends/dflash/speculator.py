@@ -1,0 +1,273 @@
+"""The DFlash backend: inject the target step's committed context, then draft K tokens in one block forward.
+
+Per drafting request the block ``[bonus, MASK x K]`` sits at ``P + 1 .. P + 1 + K``
+(``P`` = last committed position) and block position ``j >= 1`` proposes the
+token at its own position, so ``q = K + 1``. The draft cache holds the injected
+context K/V of exactly the committed tokens after every step; block K/V are
+never cached. Every rank syncs once per proposal, drafting or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from backends.dflash.metadata import build_block_metadata
+from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
+from contracts import (
+    PAD_SLOT_ID,
+    REJECTED_TOKEN_ID,
+    AttentionMetadata,
+    BatchExecutionDescriptor,
+    BatchFacts,
+    CUDAGraphMode,
+    DPSyncState,
+    StepKind,
+)
+from specdec.dp_group import DPGroup
+from specdec.kv_cache import KVCacheManager
+from specdec.kv_storage import PagedKVStorage
+from specdec.model.transformer import Transformer
+from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
+
+
+@dataclass(frozen=True, eq=False)
+class ContextInjection:
+    """The target step's rows to inject: committed rows have a draft slot, the rest ``PAD_SLOT_ID``."""
+
+    aux: tuple[Float[Tensor, "ctx hidden"], ...]
+    positions: Int[Tensor, " ctx"]
+    slot_mapping: Int[Tensor, " ctx"]
+    committed: Bool[Tensor, " ctx"]
+
+
+@dataclass(frozen=True, eq=False)
+class BlockStep:
+    """One checked draft forward: the context write, then the block pass (a ``DraftModel``).
+
+    Doing the injection inside the forward means the contracts (BLK-6 on the
+    context slots) are checked before anything is written.
+    """
+
+    network: DFlashNetwork
+    context: ContextInjection
+
+    def __call__(
+        self,
+        input_ids: Int[Tensor, " num_tokens"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        *,
+        features: Float[Tensor, "num_tokens feat"] | None,
+        dp_group: DPGroup | None,
+        num_tokens_across_dp: Sequence[int] | None,
+    ) -> DraftOutput:
+        c = self.context
+        self.network.inject_context(c.aux, c.positions, c.slot_mapping, kv)
+        out: DraftOutput = self.network(
+            input_ids,
+            positions,
+            meta,
+            kv,
+            features=features,
+            dp_group=dp_group,
+            num_tokens_across_dp=num_tokens_across_dp,
+        )
+        return out
+
+
+class DFlashSpeculator:
+    """K drafts per request from one bidirectional block forward over injected target context."""
+
+    draft_step_kinds = frozenset({StepKind.DRAFT_BLOCK})
+
+    def __init__(
+        self,
+        network: DFlashNetwork,
+        *,
+        num_spec_tokens: int,
+        aux_layers: tuple[int, ...],
+        name: str = "dflash",
+        seed: int = 0,
+        argmax_drafts: bool = False,
+    ) -> None:
+        if not 1 <= num_spec_tokens <= 16:
+            raise ValueError(f"num_spec_tokens (K) must be in 1..16, got {num_spec_tokens}")
+        if len(aux_layers) != network.num_aux:
+            raise ValueError(f"the DFlash network fuses {network.num_aux} target layers; aux_layers={aux_layers}")
+        self.network = network
+        self.name = name
+        self.num_spec_tokens = num_spec_tokens
+        self.aux_layers = aux_layers
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.argmax_drafts = argmax_drafts
+        """Deterministic drafts even for sampled requests: one-hot proposals (``draft_probs`` None)."""
+        self._kv: KVCacheManager | None = None
+        self._storage: PagedKVStorage | None = None
+
+    @property
+    def query_width(self) -> int:
+        return self.num_spec_tokens + 1
+
+    def bind(self, target: Transformer, ctx: DraftContext) -> None:
+        del target
+        self._kv = ctx.new_cache("dflash")  # context only: block K/V are never cached, so no lookahead
+        self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
+
+    @property
+    def kv(self) -> KVCacheManager:
+        if self._kv is None:
+            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
+        return self._kv
+
+    @property
+    def storage(self) -> PagedKVStorage:
+        if self._storage is None:
+            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
+        return self._storage
+
+    def finish(self, req_id: str) -> None:
+        if req_id in self.kv:
+            self.kv.free(req_id)
+
+    # -- one proposal ----------------------------------------------------------------------------
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        k, q = self.num_spec_tokens, self.query_width
+        context = self._plan_context(step)
+        drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
+        m = len(drafting)
+        state, desc = ctx.sync(m, m * q, q if m else None, allow_piecewise=False, purpose="dflash_block")
+        device = step.input_ids.device
+        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
+        if desc.num_tokens == 0:  # no rank drafts: every rank skips alike, the context is still injected
+            self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
+            self._commit(step)
+            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+
+        desc, across = self._with_dp_pad(desc, state, m)
+        req_ids = [step.scheduled[r].req_id for r in drafting]
+        base = [step.base_positions[r] for r in drafting]
+        wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
+        if wrong:
+            raise RuntimeError(f"drafting requests whose last committed position is not committed length - 1: {wrong}")
+        meta = build_block_metadata(desc, req_ids, base, q, self.kv, ctx.max_model_len, device)
+        ids, positions = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
+        facts = BatchFacts(
+            desc=desc,
+            num_reqs=m,
+            num_tokens=m * q,
+            meta=meta,
+            input_ids=ids,
+            positions=positions,
+            block_size=self.kv.block_size,
+            max_model_len=ctx.max_model_len,
+            base_positions=torch.tensor(base, dtype=torch.int64, device=device),
+            num_spec_tokens=k,
+            block_layout="bonus_first",
+            context_slot_mapping=context.slot_mapping,
+            context_committed=context.committed,
+        )
+        out = ctx.forward(
+            BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
+        )
+        self._commit(step)
+
+        sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
+        params = [step.params[r] for r in drafting]
+        vocab = out.logits.shape[-1]
+        drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
+        tokens[drafting] = drawn.view(m, k)
+        all_greedy = self.argmax_drafts or all(p.greedy for p in params)
+        probs = None
+        if not all_greedy:
+            probs = torch.zeros((step.num_reqs, k, vocab), device=device)
+            probs[drafting] = drawn_probs.view(m, k, vocab)
+        return Proposal(
+            draft_token_ids=tokens,
+            num_drafts=tuple(k if d else 0 for d in step.drafting),
+            draft_probs=probs,
+            extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
+        )
+
+    def _plan_context(self, step: TargetStep) -> ContextInjection:
+        """Draft slots for the target rows that were committed; rejected, finished and padded rows get none."""
+        kv = self.kv
+        for s in step.scheduled:
+            if s.req_id not in kv:
+                kv.add_request(s.req_id)
+            cached = kv.length(s.req_id)
+            if cached != s.num_computed_tokens:
+                raise RuntimeError(
+                    f"draft cache of {s.req_id!r} holds {cached} tokens but the target step starts at "
+                    f"{s.num_computed_tokens}: the drafter missed a target step or kept uncommitted context"
+                )
+        kv.ensure_capacities(
+            {s.req_id: step.committed_lengths[s.req_id] for s in step.scheduled if s.req_id in step.committed_lengths}
+        )
+        slots = [PAD_SLOT_ID] * step.desc.num_tokens
+        row = 0
+        for s in step.scheduled:
+            committed = step.committed_lengths.get(s.req_id, 0)
+            keep = [p for p in range(s.num_computed_tokens, s.seq_len) if p < committed]
+            slots[row : row + len(keep)] = kv.slot_mapping(s.req_id, keep)
+            row += s.query_len
+        device = step.input_ids.device
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+        return ContextInjection(
+            aux=step.output.aux_hidden_states,
+            positions=step.positions,
+            slot_mapping=slot_mapping,
+            committed=slot_mapping != PAD_SLOT_ID,
+        )
+
+    def _commit(self, step: TargetStep) -> None:
+        """The draft cache now holds the injected context of exactly the committed tokens (KV-2)."""
+        for rid, n in step.committed_lengths.items():
+            self.kv.set_length(rid, n)
+        self.kv.check(committed_lengths=dict(step.committed_lengths))
+
+    def _block_inputs(
+        self, step: TargetStep, drafting: list[int], rows: int, max_model_len: int
+    ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " rows"]]:
+        """Ids ``[bonus, MASK x K]`` and positions ``min(P + 1 + j, max_model_len - 1)`` per request; 0 past them."""
+        q, device = self.query_width, step.input_ids.device
+        ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        if drafting:
+            block_ids = [t for r in drafting for t in [step.next_token_ids[r]] + [MASK_TOKEN_ID] * (q - 1)]
+            block_pos = [min(step.base_positions[r] + 1 + j, max_model_len - 1) for r in drafting for j in range(q)]
+            ids[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int64)
+            positions[: len(block_pos)] = torch.tensor(block_pos, dtype=torch.int64)
+        return ids, positions
+
+    def _with_dp_pad(
+        self, desc: BatchExecutionDescriptor, state: DPSyncState, num_reqs: int
+    ) -> tuple[BatchExecutionDescriptor, tuple[int, ...]]:
+        """Eager DP ranks pad model rows to the largest rank so equal-size collectives line up.
+
+        Only the model inputs carry this pad; attention keeps ``num_reqs * q`` query rows (BLK-3).
+        """
+        if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
+            return desc, state.num_tokens_across_dp
+        rows = state.max_num_tokens
+        padded = BatchExecutionDescriptor(
+            cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=self.query_width
+        )
+        return padded, (rows,) * state.dp_size
+
+    def _draw(
+        self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
+    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
+        """Argmax for greedy requests (and ``argmax_drafts``), else a sample from the verifier's own transform."""
+        if self.argmax_drafts or all(p.greedy for p in params):
+            best = logits.argmax(-1)
+            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
+        probs = probabilities(logits, params)
+        return sample(probs, self.generator), probs
