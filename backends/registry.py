@@ -90,3 +90,46 @@ def _dflash(
     return DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
+
+
+@register("dspark")
+def _dspark(
+    target: Transformer,
+    *,
+    num_spec_tokens: int = 4,
+    seed: int = 1,
+    num_layers: int = 1,
+    rank: int = 8,
+    capacity: str = "full",
+    tau: float = 0.5,
+    c0: float = 1.0,
+    c1: float = 0.05,
+    markov_scale: float = 1.0,
+    **_: Any,
+) -> Speculator:
+    from backends.dflash import DFlashNetwork
+    from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost
+
+    aux = spread_layers(target.config.num_layers, count=5)
+    network = DFlashNetwork(target, num_aux=len(aux), seed=seed, num_layers=num_layers)
+    c = target.config
+    heads = DSparkHeads(
+        c.hidden_size,
+        c.vocab_size,
+        rank=rank,
+        seed=seed,
+        markov_scale=markov_scale,
+        dtype=target.dtype,
+        device=target.device,
+    )
+    return DSparkSpeculator(
+        network,
+        heads,
+        num_spec_tokens=num_spec_tokens,
+        aux_layers=aux,
+        name="dspark",
+        seed=seed,
+        capacity=capacity,  # type: ignore[arg-type]
+        tau=tau,
+        cost=StepCost(c0=c0, c1=c1),
+    )

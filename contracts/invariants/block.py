@@ -194,7 +194,7 @@ def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     step_kinds=BLOCK,
     backends={"dspark"},
     likely_cause="Markov chain seeded with the wrong token, or capacity selection produced a non-prefix mask",
-    wired=False,
+    wired=True,
 )
 def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     n = facts.num_spec_tokens

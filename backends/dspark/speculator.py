@@ -1,0 +1,187 @@
+"""The DSpark backend: a DFlash block forward in the "anchor first" layout, then a Markov loop and capacities.
+
+Per drafting request the block ``[anchor, MASK x (K-1)]`` sits at ``s .. s+K-1``
+(``s = P + 1``, the anchor being the bonus just sampled) and slot i proposes
+the token at ``s + i + 1``, so ``q = K`` and every block row is sampled. The
+backbone logits ``U_k`` get the Markov bias of the previous token (the anchor
+for slot 0) and drafts are drawn left to right from that corrected
+distribution, which is the one handed to the verifier. The confidence head's
+survival picks how many of the K drafts each request proposes (a prefix),
+by threshold or by a global step-cost budget; BLK-8 checks the evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from backends.dflash.metadata import build_block_metadata
+from backends.dflash.network import DFlashNetwork
+from backends.dflash.speculator import BlockStep, DFlashSpeculator
+from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
+from backends.dspark.heads import DSparkHeads
+from contracts import REJECTED_TOKEN_ID, BatchFacts, StepKind
+from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.speculator import DraftContext, Proposal, TargetStep
+
+CapacityMode = Literal["full", "threshold", "budget"]
+
+
+class DSparkSpeculator(DFlashSpeculator):
+    """Up to K drafts per request: one anchor-first block forward, a Markov loop, a capacity per request."""
+
+    def __init__(
+        self,
+        network: DFlashNetwork,
+        heads: DSparkHeads,
+        *,
+        num_spec_tokens: int,
+        aux_layers: tuple[int, ...],
+        name: str = "dspark",
+        seed: int = 0,
+        capacity: CapacityMode = "full",
+        tau: float = 0.5,
+        cost: StepCost | None = None,
+    ) -> None:
+        super().__init__(network, num_spec_tokens=num_spec_tokens, aux_layers=aux_layers, name=name, seed=seed)
+        if heads.vocab_size != network.target.config.vocab_size:
+            raise ValueError(
+                f"DSpark heads cover {heads.vocab_size} tokens, the target {network.target.config.vocab_size}"
+            )
+        if capacity not in ("full", "threshold", "budget"):
+            raise ValueError(f"capacity must be 'full', 'threshold' or 'budget', got {capacity!r}")
+        self.heads = heads
+        self.capacity = capacity
+        self.tau = tau
+        self.cost = cost or StepCost()
+
+    @property
+    def query_width(self) -> int:
+        """Anchor first: the anchor's own row already predicts the next token, so q = K."""
+        return self.num_spec_tokens
+
+    # -- one proposal ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        k = q = self.num_spec_tokens
+        context = self._plan_context(step)
+        drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
+        m = len(drafting)
+        state, desc = ctx.sync(m, m * q, q if m else None, allow_piecewise=False, purpose="dspark_block")
+        device = step.input_ids.device
+        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
+        if desc.num_tokens == 0:  # no rank drafts: every rank skips alike, the context is still injected
+            self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
+            self._commit(step)
+            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+
+        desc, across = self._with_dp_pad(desc, state, m)
+        req_ids = [step.scheduled[r].req_id for r in drafting]
+        base = [step.base_positions[r] for r in drafting]
+        wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
+        if wrong:
+            raise RuntimeError(f"drafting requests whose last committed position is not committed length - 1: {wrong}")
+        meta = build_block_metadata(desc, req_ids, base, q, self.kv, ctx.max_model_len, device)
+        ids, positions = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
+        facts = BatchFacts(
+            desc=desc,
+            num_reqs=m,
+            num_tokens=m * q,
+            meta=meta,
+            input_ids=ids,
+            positions=positions,
+            block_size=self.kv.block_size,
+            max_model_len=ctx.max_model_len,
+            base_positions=torch.tensor(base, dtype=torch.int64, device=device),
+            num_spec_tokens=k,
+            block_layout="anchor_first",
+            context_slot_mapping=context.slot_mapping,
+            context_committed=context.committed,
+        )
+        out = ctx.forward(
+            BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
+        )
+        self._commit(step)
+
+        sample_rows = torch.arange(m * q, dtype=torch.int64, device=device)  # every block row proposes a token
+        params = [step.params[r] for r in drafting]
+        anchors = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
+        # Explicit sizes: a rank with no drafting request (m = 0) still runs the block forward for its DP peers.
+        backbone = out.logits[sample_rows].view(m, k, out.logits.shape[-1])
+        hidden = out.hidden_states[sample_rows].view(m, k, out.hidden_states.shape[-1])
+        drawn, prev, probs, survival = self._markov_loop(backbone, hidden, anchors, params)
+
+        capacity = self._capacity(survival)
+        mask = prefix_mask(capacity, k)
+        tokens[drafting] = torch.where(mask, drawn, REJECTED_TOKEN_ID)
+        draft_probs = None
+        if not all(p.greedy for p in params):
+            draft_probs = torch.zeros((step.num_reqs, k, backbone.shape[-1]), device=device)
+            draft_probs[drafting] = probs
+        counts = dict(zip(drafting, capacity.tolist(), strict=True))
+        return Proposal(
+            draft_token_ids=tokens,
+            num_drafts=tuple(counts.get(r, 0) for r in range(step.num_reqs)),
+            draft_probs=draft_probs,
+            extra_facts={
+                "desc": desc,
+                "num_reqs": m,
+                "sample_indices": sample_rows,
+                "anchor_token_ids": anchors,
+                "markov_prev_token_ids": prev,
+                "draft_capacity": capacity,
+                "draft_mask": mask,
+                "survival": survival,
+                # The drafting rows only, so every per-request fact has the num_reqs (= m) rows reported above.
+                "draft_probs": None if draft_probs is None else probs,
+            },
+        )
+
+    def _markov_loop(
+        self,
+        backbone: Float[Tensor, "m k vocab"],
+        hidden: Float[Tensor, "m k hidden"],
+        anchors: Int[Tensor, " m"],
+        params: list[SamplingParams],
+    ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"], Float[Tensor, "m k"]]:
+        """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, survival."""
+        m, k, vocab = backbone.shape
+        drawn = torch.empty((m, k), dtype=torch.int64, device=backbone.device)
+        prevs = torch.empty_like(drawn)
+        probs = torch.empty((m, k, vocab), dtype=torch.float32, device=backbone.device)
+        conf = torch.empty((m, k), dtype=torch.float32, device=backbone.device)
+        prev = self._markov_start(anchors)
+        for j in range(k):
+            prevs[:, j] = prev
+            conf[:, j] = self.heads.confidence(hidden[:, j], prev).float()
+            x, p = self._markov_step(backbone[:, j], prev, params)
+            drawn[:, j], probs[:, j] = x, p
+            prev = x
+        return drawn, prevs, probs, torch.cumprod(conf, dim=1)
+
+    def _markov_start(self, anchors: Int[Tensor, " m"]) -> Int[Tensor, " m"]:
+        """x_0: the chain starts at the anchor (BLK-8)."""
+        return anchors
+
+    def _markov_step(
+        self, backbone: Float[Tensor, "m vocab"], prev: Int[Tensor, " m"], params: list[SamplingParams]
+    ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"]]:
+        """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that."""
+        logits = backbone.float() + self.heads.markov_bias(prev).float()
+        if all(p.greedy for p in params):
+            best = logits.argmax(-1)
+            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
+        probs = probabilities(logits, params)  # greedy rows come out one-hot, so sampling them is the argmax
+        return sample(probs, self.generator), probs
+
+    def _capacity(self, survival: Float[Tensor, "m k"]) -> Int[Tensor, " m"]:
+        """Drafts proposed per request: all K, while survival >= tau, or by the global step-cost budget."""
+        if self.capacity == "threshold":
+            return threshold_capacity(survival, self.tau)
+        if self.capacity == "budget":
+            return budget_capacity(survival, self.cost)
+        return torch.full((survival.shape[0],), survival.shape[1], dtype=torch.long, device=survival.device)
