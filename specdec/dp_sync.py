@@ -152,3 +152,23 @@ def _check(
         step_kind=StepKind.DP_SYNC,
         component=component,
     )
+
+
+def pad_model_rows_for_dp(
+    desc: BatchExecutionDescriptor, state: DPSyncState, num_reqs: int, uniform_token_count: int
+) -> tuple[BatchExecutionDescriptor, tuple[int, ...]]:
+    """An eager draft step's descriptor with model rows padded to the largest DP rank.
+
+    Under eager DP each rank keeps its own token count, but a drafter whose
+    layers run equal-size collectives (an expert-parallel MoE, as in an MTP
+    head) needs every rank to pass the same number of rows. Only the model
+    inputs carry this pad; attention metadata must keep the real query rows
+    (AR-5, BLK-3). Graph modes are padded by the sync already and pass through.
+    """
+    if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
+        return desc, state.num_tokens_across_dp
+    rows = state.max_num_tokens
+    padded = BatchExecutionDescriptor(
+        cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=uniform_token_count
+    )
+    return padded, (rows,) * state.dp_size

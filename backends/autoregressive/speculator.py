@@ -15,15 +15,14 @@ from torch import Tensor
 
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
+from backends.common import DraftCacheOwner
 from contracts import (
     REJECTED_TOKEN_ID,
-    BatchExecutionDescriptor,
     BatchFacts,
-    CUDAGraphMode,
-    DPSyncState,
     StepKind,
 )
 from specdec.attn_metadata import ScheduledRequest, build_target_metadata, reserve
+from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.model.transformer import Transformer
@@ -31,7 +30,7 @@ from specdec.sampling import SamplingParams, probabilities, sample
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
 
 
-class AutoregressiveSpeculator:
+class AutoregressiveSpeculator(DraftCacheOwner):
     """K drafts per request, one token at a time (EAGLE/MTP heads or a small draft model)."""
 
     draft_step_kinds = frozenset({StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE})
@@ -70,22 +69,6 @@ class AutoregressiveSpeculator:
     def bind(self, target: Transformer, ctx: DraftContext) -> None:
         self._kv = ctx.new_cache("autoregressive", lookahead_tokens=self.num_spec_tokens + 1)
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
-
-    @property
-    def kv(self) -> KVCacheManager:
-        if self._kv is None:
-            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
-        return self._kv
-
-    @property
-    def storage(self) -> PagedKVStorage:
-        if self._storage is None:
-            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
-        return self._storage
-
-    def finish(self, req_id: str) -> None:
-        if req_id in self.kv:
-            self.kv.free(req_id)
 
     # -- one proposal ----------------------------------------------------------------------------
 
@@ -194,7 +177,7 @@ class AutoregressiveSpeculator:
         state, desc = ctx.sync(m, m, 1 if m else None, allow_piecewise=False, purpose="draft_decode")
         if desc.num_tokens == 0:  # no rank drafts: every rank skips alike
             return
-        desc, across = self._with_dp_pad(desc, state, m)
+        desc, across = pad_model_rows_for_dp(desc, state, m, 1)
         kv, device, max_len = self.kv, step.input_ids.device, ctx.max_model_len
         req_ids = [step.scheduled[r].req_id for r in drafting]
         base = [step.base_positions[r] for r in drafting]
@@ -232,23 +215,6 @@ class AutoregressiveSpeculator:
                 probs[drafting, column] = drawn_probs
                 ids = drawn
                 feats = out.hidden_states[:m] if feats is not None else None
-
-    @staticmethod
-    def _with_dp_pad(
-        desc: BatchExecutionDescriptor, state: DPSyncState, num_reqs: int
-    ) -> tuple[BatchExecutionDescriptor, tuple[int, ...]]:
-        """Eager DP ranks pad model rows to the largest rank so equal-size collectives line up.
-
-        Only the model inputs carry this pad; the attention metadata keeps one
-        query per request (AR-5).
-        """
-        if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
-            return desc, state.num_tokens_across_dp
-        rows = state.max_num_tokens
-        padded = BatchExecutionDescriptor(
-            cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=1
-        )
-        return padded, (rows,) * state.dp_size
 
     def _draw(
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]

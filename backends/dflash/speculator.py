@@ -16,19 +16,18 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from backends.common import DraftCacheOwner
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
 from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
     AttentionMetadata,
-    BatchExecutionDescriptor,
     BatchFacts,
-    CUDAGraphMode,
-    DPSyncState,
     StepKind,
 )
 from specdec.dp_group import DPGroup
+from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.model.transformer import Transformer
@@ -82,7 +81,7 @@ class BlockStep:
         return out
 
 
-class DFlashSpeculator:
+class DFlashSpeculator(DraftCacheOwner):
     """K drafts per request from one bidirectional block forward over injected target context."""
 
     draft_step_kinds = frozenset({StepKind.DRAFT_BLOCK})
@@ -120,22 +119,6 @@ class DFlashSpeculator:
         self._kv = ctx.new_cache("dflash")  # context only: block K/V are never cached, so no lookahead
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
 
-    @property
-    def kv(self) -> KVCacheManager:
-        if self._kv is None:
-            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
-        return self._kv
-
-    @property
-    def storage(self) -> PagedKVStorage:
-        if self._storage is None:
-            raise RuntimeError(f"speculator {self.name!r} is not bound to an engine")
-        return self._storage
-
-    def finish(self, req_id: str) -> None:
-        if req_id in self.kv:
-            self.kv.free(req_id)
-
     # -- one proposal ----------------------------------------------------------------------------
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
@@ -151,7 +134,7 @@ class DFlashSpeculator:
             self._commit(step)
             return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
 
-        desc, across = self._with_dp_pad(desc, state, m)
+        desc, across = pad_model_rows_for_dp(desc, state, m, self.query_width)
         req_ids = [step.scheduled[r].req_id for r in drafting]
         base = [step.base_positions[r] for r in drafting]
         wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
@@ -246,21 +229,6 @@ class DFlashSpeculator:
             ids[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int64)
             positions[: len(block_pos)] = torch.tensor(block_pos, dtype=torch.int64)
         return ids, positions
-
-    def _with_dp_pad(
-        self, desc: BatchExecutionDescriptor, state: DPSyncState, num_reqs: int
-    ) -> tuple[BatchExecutionDescriptor, tuple[int, ...]]:
-        """Eager DP ranks pad model rows to the largest rank so equal-size collectives line up.
-
-        Only the model inputs carry this pad; attention keeps ``num_reqs * q`` query rows (BLK-3).
-        """
-        if desc.cg_mode is not CUDAGraphMode.NONE or state.dp_size == 1:
-            return desc, state.num_tokens_across_dp
-        rows = state.max_num_tokens
-        padded = BatchExecutionDescriptor(
-            cg_mode=CUDAGraphMode.NONE, num_tokens=rows, num_reqs=num_reqs, uniform_token_count=self.query_width
-        )
-        return padded, (rows,) * state.dp_size
 
     def _draw(
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]

@@ -24,6 +24,7 @@ from backends.dflash.speculator import BlockStep, DFlashSpeculator
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
 from contracts import REJECTED_TOKEN_ID, BatchFacts, StepKind
+from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.sampling import SamplingParams, probabilities, sample
 from specdec.speculator import DraftContext, Proposal, TargetStep
 
@@ -79,7 +80,7 @@ class DSparkSpeculator(DFlashSpeculator):
             self._commit(step)
             return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
 
-        desc, across = self._with_dp_pad(desc, state, m)
+        desc, across = pad_model_rows_for_dp(desc, state, m, self.query_width)
         req_ids = [step.scheduled[r].req_id for r in drafting]
         base = [step.base_positions[r] for r in drafting]
         wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
