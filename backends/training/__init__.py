@@ -1,0 +1,21 @@
+"""Training for the block drafters (DFlash, DSpark): dense, differentiable forwards over whole sequences.
+
+The inference paths run over a paged cache under ``no_grad``-style frozen
+weights; training instead runs each block against dense attention built from
+the network's own projections, so the trained weights are exactly those used
+at inference.
+"""
+
+from backends.training.data import TargetFeatures, generate_sequences, target_features
+from backends.training.dflash import block_hidden, decay_weights, train_dflash
+from backends.training.dspark import train_dspark
+
+__all__ = [
+    "TargetFeatures",
+    "block_hidden",
+    "decay_weights",
+    "generate_sequences",
+    "target_features",
+    "train_dflash",
+    "train_dspark",
+]

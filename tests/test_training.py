@@ -1,0 +1,127 @@
+"""Training the block drafters on the target's own greedy continuations makes them agree with it more.
+
+A tiny random target (small vocabulary, so a few hundred steps suffice) writes
+its own training data; DFlash and DSpark drafters are trained on it, and the
+real engine then measures acceptance length on held-out prompts: trained must
+beat untrained, and output must still equal plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from backends.dflash import DFlashNetwork, DFlashSpeculator
+from backends.dflash.network import MASK_TOKEN_ID
+from backends.dspark import DSparkHeads, DSparkSpeculator
+from backends.registry import spread_layers
+from backends.training import block_hidden, generate_sequences, target_features, train_dflash, train_dspark
+from specdec.engine import Engine, EngineConfig
+from specdec.model.config import ModelConfig
+from specdec.model.transformer import Transformer
+from specdec.scheduler import SchedulerConfig
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+
+VOCAB = 32
+K = 3
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return Transformer(ModelConfig.tiny(vocab_size=VOCAB), seed=0)
+
+
+@pytest.fixture(scope="module")
+def sequences(target: Transformer) -> Int[Tensor, "num seq_len"]:
+    return generate_sequences(target, 48, prompt_len=4, gen_len=28, seed=0)
+
+
+def aux_layers(target: Transformer) -> tuple[int, ...]:
+    return spread_layers(target.config.num_layers, count=5)
+
+
+def run(target: Transformer, speculator: Speculator | None) -> tuple[float, dict[str, list[int]]]:
+    """Acceptance length and outputs on held-out random prompts (a different seed from the training data)."""
+    engine = Engine(
+        target,
+        EngineConfig(num_blocks=128, block_size=4, scheduler=SchedulerConfig(max_model_len=64)),
+        speculator=speculator,
+    )
+    g = torch.Generator().manual_seed(123)
+    for i in range(6):
+        engine.add_request(f"q{i}", torch.randint(0, VOCAB, (4,), generator=g).tolist(), max_tokens=24)
+    out = engine.run()
+    return engine.metrics.acceptance_length, out
+
+
+def test_dflash_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
+    aux = aux_layers(target)
+    network = DFlashNetwork(target, num_aux=len(aux), seed=1)
+    before, _ = run(target, DFlashSpeculator(network, num_spec_tokens=K, aux_layers=aux))
+    frozen = {n: p.detach().clone() for n, p in target.named_parameters()}
+    losses = train_dflash(network, target, sequences, steps=200, lr=1e-2, block_size=K + 1, seed=0)
+    after, out = run(target, DFlashSpeculator(network, num_spec_tokens=K, aux_layers=aux))
+    print(f"DFlash tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
+    assert after > before
+    assert out == run(target, None)[1]
+    assert not any(p.requires_grad for p in network.parameters())  # inference state restored
+    assert all(torch.equal(p, frozen[n]) for n, p in target.named_parameters())  # target untouched
+
+
+def test_dspark_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
+    aux = aux_layers(target)
+
+    def build() -> tuple[DFlashNetwork, DSparkHeads]:
+        c = target.config
+        return DFlashNetwork(target, num_aux=len(aux), seed=1), DSparkHeads(c.hidden_size, c.vocab_size, seed=1)
+
+    network, heads = build()
+    before, _ = run(target, DSparkSpeculator(network, heads, num_spec_tokens=K, aux_layers=aux))
+    losses = train_dspark(network, heads, target, sequences, steps=200, lr=1e-2, block_size=K, seed=0)
+    after, out = run(target, DSparkSpeculator(network, heads, num_spec_tokens=K, aux_layers=aux))
+    print(f"DSpark tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
+    assert after > before
+    assert out == run(target, None)[1]
+
+
+class Recording(DFlashSpeculator):
+    """Records (anchor position, bonus, drafts) of every drafting proposal of request 0."""
+
+    def __init__(self, network: DFlashNetwork, aux: tuple[int, ...]) -> None:
+        super().__init__(network, num_spec_tokens=K, aux_layers=aux)
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        proposal = super().propose(step, ctx)
+        if step.drafting[0]:
+            drafts = proposal.draft_token_ids[0].tolist()
+            self.seen.append((step.base_positions[0] + 1, step.next_token_ids[0], drafts))
+        return proposal
+
+
+def test_dense_training_forward_drafts_what_the_paged_inference_path_drafts(
+    target: Transformer, sequences: Tensor
+) -> None:
+    """The trained weights are the inference weights: the dense block forward reproduces the engine's drafts."""
+    aux = aux_layers(target)
+    network = DFlashNetwork(target, num_aux=len(aux), seed=1)
+    train_dflash(network, target, sequences, steps=60, lr=1e-2, block_size=K + 1, seed=0)  # context-dependent drafts
+    spec = Recording(network, aux)
+    engine = Engine(
+        target, EngineConfig(num_blocks=64, block_size=4, scheduler=SchedulerConfig(max_model_len=64)), speculator=spec
+    )
+    prompt = [5, 9, 2, 30]
+    engine.add_request("r", prompt, max_tokens=16)
+    tokens = torch.tensor(prompt + engine.run()["r"])
+    feats = target_features(target, tokens[None], aux)
+    assert len({tuple(d) for _, _, d in spec.seen}) > 3  # varied drafts, so a wrong context or position shows
+    with torch.no_grad():
+        for anchor, bonus, drafts in spec.seen:
+            ids = torch.tensor([[bonus] + [MASK_TOKEN_ID] * K])
+            hidden = block_hidden(network, feats.aux, ids, torch.tensor([[anchor]]), K + 1)
+            logits = target.compute_logits(network.norm(hidden[0]))
+            assert logits[1:].argmax(-1).tolist() == drafts, f"anchor {anchor}"
