@@ -23,6 +23,7 @@ from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
     AttentionMetadata,
+    BatchExecutionDescriptor,
     BatchFacts,
     StepKind,
 )
@@ -121,20 +122,53 @@ class DFlashSpeculator(DraftCacheOwner):
 
     # -- one proposal ----------------------------------------------------------------------------
 
+    block_layout = "bonus_first"
+
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        k, q = self.num_spec_tokens, self.query_width
+        drafting, out, desc, tokens = self._block_forward(step, ctx)
+        if out is None:
+            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+        m, device = len(drafting), tokens.device
+        sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
+        params = [step.params[r] for r in drafting]
+        vocab = out.logits.shape[-1]
+        drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
+        tokens[drafting] = drawn.view(m, k)
+        all_greedy = self.argmax_drafts or all(p.greedy for p in params)
+        probs = None
+        if not all_greedy:
+            probs = torch.zeros((step.num_reqs, k, vocab), device=device)
+            probs[drafting] = drawn_probs.view(m, k, vocab)
+        return Proposal(
+            draft_token_ids=tokens,
+            num_drafts=tuple(k if d else 0 for d in step.drafting),
+            draft_probs=probs,
+            extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
+        )
+
+    def _block_forward(
+        self, step: TargetStep, ctx: DraftContext
+    ) -> tuple[list[int], DraftOutput | None, BatchExecutionDescriptor, Int[Tensor, "num_reqs k"]]:
+        """The block sync and the checked block forward, shared by the DFlash and DSpark layouts.
+
+        Returns the drafting request rows, the block output (None when no rank
+        drafts: every rank then skips alike, and the context is still injected),
+        the block step's descriptor and a token buffer of ``REJECTED_TOKEN_ID``.
+        """
         k, q = self.num_spec_tokens, self.query_width
         context = self._plan_context(step)
         drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
         m = len(drafting)
-        state, desc = ctx.sync(m, m * q, q if m else None, allow_piecewise=False, purpose="dflash_block")
+        state, desc = ctx.sync(m, m * q, q if m else None, allow_piecewise=False, purpose=f"{self.name}_block")
         device = step.input_ids.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
-        if desc.num_tokens == 0:  # no rank drafts: every rank skips alike, the context is still injected
+        if desc.num_tokens == 0:
             self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
             self._commit(step)
-            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+            return drafting, None, desc, tokens
 
-        desc, across = pad_model_rows_for_dp(desc, state, m, self.query_width)
+        desc, across = pad_model_rows_for_dp(desc, state, m, q)
         req_ids = [step.scheduled[r].req_id for r in drafting]
         base = [step.base_positions[r] for r in drafting]
         wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
@@ -153,7 +187,7 @@ class DFlashSpeculator(DraftCacheOwner):
             max_model_len=ctx.max_model_len,
             base_positions=torch.tensor(base, dtype=torch.int64, device=device),
             num_spec_tokens=k,
-            block_layout="bonus_first",
+            block_layout=self.block_layout,
             context_slot_mapping=context.slot_mapping,
             context_committed=context.committed,
         )
@@ -161,23 +195,7 @@ class DFlashSpeculator(DraftCacheOwner):
             BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
         )
         self._commit(step)
-
-        sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
-        params = [step.params[r] for r in drafting]
-        vocab = out.logits.shape[-1]
-        drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
-        tokens[drafting] = drawn.view(m, k)
-        all_greedy = self.argmax_drafts or all(p.greedy for p in params)
-        probs = None
-        if not all_greedy:
-            probs = torch.zeros((step.num_reqs, k, vocab), device=device)
-            probs[drafting] = drawn_probs.view(m, k, vocab)
-        return Proposal(
-            draft_token_ids=tokens,
-            num_drafts=tuple(k if d else 0 for d in step.drafting),
-            draft_probs=probs,
-            extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
-        )
+        return drafting, out, desc, tokens
 
     def _plan_context(self, step: TargetStep) -> ContextInjection:
         """Draft slots for the target rows that were committed; rejected, finished and padded rows get none."""

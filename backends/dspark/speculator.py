@@ -18,13 +18,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import DFlashNetwork
-from backends.dflash.speculator import BlockStep, DFlashSpeculator
+from backends.dflash.speculator import DFlashSpeculator
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
-from contracts import REJECTED_TOKEN_ID, BatchFacts, StepKind
-from specdec.dp_sync import pad_model_rows_for_dp
+from contracts import REJECTED_TOKEN_ID
 from specdec.sampling import SamplingParams, probabilities, sample
 from specdec.speculator import DraftContext, Proposal, TargetStep
 
@@ -59,6 +57,8 @@ class DSparkSpeculator(DFlashSpeculator):
         self.tau = tau
         self.cost = cost or StepCost()
 
+    block_layout = "anchor_first"
+
     @property
     def query_width(self) -> int:
         """Anchor first: the anchor's own row already predicts the next token, so q = K."""
@@ -69,45 +69,10 @@ class DSparkSpeculator(DFlashSpeculator):
     @torch.no_grad()
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
         k = q = self.num_spec_tokens
-        context = self._plan_context(step)
-        drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
-        m = len(drafting)
-        state, desc = ctx.sync(m, m * q, q if m else None, allow_piecewise=False, purpose="dspark_block")
-        device = step.input_ids.device
-        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
-        if desc.num_tokens == 0:  # no rank drafts: every rank skips alike, the context is still injected
-            self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
-            self._commit(step)
+        drafting, out, desc, tokens = self._block_forward(step, ctx)
+        if out is None:
             return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
-
-        desc, across = pad_model_rows_for_dp(desc, state, m, self.query_width)
-        req_ids = [step.scheduled[r].req_id for r in drafting]
-        base = [step.base_positions[r] for r in drafting]
-        wrong = [(rid, p) for rid, p in zip(req_ids, base, strict=True) if step.committed_lengths.get(rid) != p + 1]
-        if wrong:
-            raise RuntimeError(f"drafting requests whose last committed position is not committed length - 1: {wrong}")
-        meta = build_block_metadata(desc, req_ids, base, q, self.kv, ctx.max_model_len, device)
-        ids, positions = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
-        facts = BatchFacts(
-            desc=desc,
-            num_reqs=m,
-            num_tokens=m * q,
-            meta=meta,
-            input_ids=ids,
-            positions=positions,
-            block_size=self.kv.block_size,
-            max_model_len=ctx.max_model_len,
-            base_positions=torch.tensor(base, dtype=torch.int64, device=device),
-            num_spec_tokens=k,
-            block_layout="anchor_first",
-            context_slot_mapping=context.slot_mapping,
-            context_committed=context.committed,
-        )
-        out = ctx.forward(
-            BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
-        )
-        self._commit(step)
-
+        m, device = len(drafting), tokens.device
         sample_rows = torch.arange(m * q, dtype=torch.int64, device=device)  # every block row proposes a token
         params = [step.params[r] for r in drafting]
         anchors = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
