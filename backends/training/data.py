@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,3 +64,35 @@ def target_features(
             aux[j].append(h)
         logits.append(target.compute_logits(out.hidden_states))
     return TargetFeatures(tokens, tuple(torch.stack(a) for a in aux), torch.stack(logits))
+
+
+def run_adamw(
+    params: Sequence[torch.nn.Parameter],
+    *,
+    steps: int,
+    lr: float,
+    num_sequences: int,
+    batch_size: int,
+    seed: int,
+    batch_loss: Callable[[Int[Tensor, " batch"], torch.Generator], Tensor],
+    name: str,
+) -> list[float]:
+    """The optimisation loop every drafter trainer shares: sample sequences, step AdamW, stop on divergence.
+
+    ``batch_loss`` gets the sampled sequence indices and the CPU generator (for
+    anchors), so a run is reproducible from ``seed`` on any device.
+    """
+    device = params[0].device if params else torch.device("cpu")
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    losses: list[float] = []
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    for _ in range(steps):
+        index = torch.randint(0, num_sequences, (min(batch_size, num_sequences),), generator=g).to(device)
+        loss = batch_loss(index, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            raise FloatingPointError(f"{name} training diverged at step {len(losses)}: loss {losses[-1]}")
+    return losses

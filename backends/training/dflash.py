@@ -10,7 +10,6 @@ inference does not use.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -22,7 +21,7 @@ from torch import Tensor, nn
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork, context_kv
 from backends.registry import spread_layers
-from backends.training.data import TargetFeatures, target_features
+from backends.training.data import TargetFeatures, run_adamw, target_features
 from specdec.model.transformer import Transformer
 
 Labels = Literal["greedy", "data"]
@@ -176,18 +175,19 @@ def train_dflash(
     aux_layers = tuple(aux_layers) if aux_layers is not None else default_aux_layers(network, target)
     feats = target_features(target, sequences.to(device), aux_layers)
     num, seq_len = sequences.shape
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    losses: list[float] = []
+
+    def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
+        anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, seq_len - q, g, device)
+        return dflash_loss(network, feats, index, anchors, q, gamma, labels)
+
     with trainable(network) as params:
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        for _ in range(steps):
-            index = torch.randint(0, num, (min(batch_size, num),), generator=g).to(device)
-            anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, seq_len - q, g, device)
-            loss = dflash_loss(network, feats, index, anchors, q, gamma, labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            if not math.isfinite(losses[-1]):
-                raise FloatingPointError(f"DFlash training diverged at step {len(losses)}: loss {losses[-1]}")
-    return losses
+        return run_adamw(
+            params,
+            steps=steps,
+            lr=lr,
+            num_sequences=num,
+            batch_size=batch_size,
+            seed=seed,
+            batch_loss=batch_loss,
+            name="DFlash",
+        )

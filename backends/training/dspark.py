@@ -10,7 +10,6 @@ probability a sampled draft is accepted).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -20,7 +19,7 @@ from torch import Tensor
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
 from backends.dspark.heads import DSparkHeads
-from backends.training.data import TargetFeatures, target_features
+from backends.training.data import TargetFeatures, run_adamw, target_features
 from backends.training.dflash import (
     Labels,
     block_hidden,
@@ -99,19 +98,20 @@ def train_dspark(
     aux_layers = tuple(aux_layers) if aux_layers is not None else default_aux_layers(network, target)
     feats = target_features(target, sequences.to(device), aux_layers)
     num, seq_len = sequences.shape
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    losses: list[float] = []
+    high = seq_len - q - (1 if labels == "data" else 0)
+
+    def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
+        anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, high, g, device)
+        return dspark_loss(network, heads, feats, index, anchors, q, gamma, labels, tv_weight, conf_weight)
+
     with trainable(network, heads) as params:
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        for _ in range(steps):
-            index = torch.randint(0, num, (min(batch_size, num),), generator=g).to(device)
-            high = seq_len - q - (1 if labels == "data" else 0)
-            anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, high, g, device)
-            loss = dspark_loss(network, heads, feats, index, anchors, q, gamma, labels, tv_weight, conf_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            if not math.isfinite(losses[-1]):
-                raise FloatingPointError(f"DSpark training diverged at step {len(losses)}: loss {losses[-1]}")
-    return losses
+        return run_adamw(
+            params,
+            steps=steps,
+            lr=lr,
+            num_sequences=num,
+            batch_size=batch_size,
+            seed=seed,
+            batch_loss=batch_loss,
+            name="DSpark",
+        )
