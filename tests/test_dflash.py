@@ -8,6 +8,7 @@ The pre-fix behaviour is the fault ``block_attention_rows_from_desc``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -20,7 +21,7 @@ import contracts
 from backends import create
 from backends.dflash import DFlashNetwork, DFlashSpeculator
 from backends.registry import spread_layers
-from contracts import ContractViolation, CUDAGraphMode
+from contracts import ContractViolation
 from specdec.dispatch import CaptureConfig
 from specdec.engine import Engine, EngineConfig
 from specdec.model.config import ModelConfig, MoEConfig
@@ -28,7 +29,7 @@ from specdec.model.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
-from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
+from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, merged, plain_outputs, run_in_process
 
 FAULT = "block_attention_rows_from_desc"
 TARGET = ModelConfig.tiny()
@@ -40,30 +41,8 @@ def dflash(k: int) -> Callable[[Transformer], Speculator]:
 
 @st.composite
 def runs(draw: st.DrawFn) -> DPRunSpec:
-    dp = draw(st.sampled_from([1, 2, 4]))
-    k = draw(st.integers(1, 5))
-    mode = draw(st.sampled_from(list(CUDAGraphMode)))
-    sizes = tuple(draw(st.sets(st.integers(1, 48), min_size=1, max_size=5)))
-    budget = draw(st.integers(4, 48))  # small budgets chunk prefills and mix them with decodes
-    ranks = []
-    for rank in range(dp):
-        n = draw(st.integers(0 if rank else 1, 4))  # rank 0 always busy, others may idle
-        reqs = tuple(
-            RequestSpec(
-                f"r{rank}.{i}",
-                tuple(draw(st.lists(st.integers(0, TARGET.vocab_size - 1), min_size=1, max_size=12))),
-                max_tokens=draw(st.integers(1, 10)),
-            )
-            for i in range(n)
-        )
-        ranks.append(reqs)
-    engine = EngineConfig(
-        num_blocks=128,
-        block_size=draw(st.sampled_from([2, 4, 8])),
-        capture=CaptureConfig(mode=mode, capture_sizes=sizes),
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64),
-    )
-    return DPRunSpec(TARGET, draw(st.integers(0, 3)), engine, tuple(ranks), dflash(k))
+    spec = draw(dp_run_specs(TARGET))
+    return dataclasses.replace(spec, speculator=dflash(draw(st.integers(1, 5))))
 
 
 @settings(max_examples=25)

@@ -9,6 +9,7 @@ ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -18,14 +19,12 @@ from tests_support import perturbed_copy
 
 from backends import create
 from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
-from contracts import CUDAGraphMode
-from specdec.dispatch import CaptureConfig
 from specdec.engine import EngineConfig
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
-from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
+from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, merged, plain_outputs, run_in_process
 
 TARGET = ModelConfig.tiny()
 
@@ -53,32 +52,11 @@ DRAFTERS = {"self": self_drafter, "perturbed": perturbed_drafter, "eagle": eagle
 
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[DPRunSpec, str]:
-    dp = draw(st.sampled_from([1, 2, 4]))
+    spec = draw(dp_run_specs(TARGET))
     k = draw(st.integers(1, 5))
     drafter = draw(st.sampled_from(sorted(DRAFTERS)))
     fused = draw(st.booleans())
-    mode = draw(st.sampled_from(list(CUDAGraphMode)))
-    sizes = tuple(draw(st.sets(st.integers(1, 48), min_size=1, max_size=5)))
-    budget = draw(st.integers(4, 48))  # small budgets chunk prefills and mix them with decodes
-    ranks = []
-    for rank in range(dp):
-        n = draw(st.integers(0 if rank else 1, 4))  # rank 0 always busy, others may idle
-        reqs = tuple(
-            RequestSpec(
-                f"r{rank}.{i}",
-                tuple(draw(st.lists(st.integers(0, TARGET.vocab_size - 1), min_size=1, max_size=12))),
-                max_tokens=draw(st.integers(1, 10)),
-            )
-            for i in range(n)
-        )
-        ranks.append(reqs)
-    engine = EngineConfig(
-        num_blocks=128,
-        block_size=draw(st.sampled_from([2, 4, 8])),
-        capture=CaptureConfig(mode=mode, capture_sizes=sizes),
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64),
-    )
-    return DPRunSpec(TARGET, draw(st.integers(0, 3)), engine, tuple(ranks), DRAFTERS[drafter](k, fused)), drafter
+    return dataclasses.replace(spec, speculator=DRAFTERS[drafter](k, fused)), drafter
 
 
 @settings(max_examples=40)

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, no_type_check
 
+from hypothesis import strategies as st
+
+from contracts import CUDAGraphMode
 from specdec import faults
+from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
 from specdec.sampling import SamplingParams
+from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
 
 
@@ -91,3 +96,37 @@ def merged(results: Sequence[RankResult]) -> dict[str, Any]:
     for r in results:
         out.update(r.outputs)
     return out
+
+
+@st.composite
+@no_type_check
+def dp_run_specs(draw: st.DrawFn, model: ModelConfig, dp_sizes: tuple[int, ...] = (1, 2, 4)) -> DPRunSpec:
+    """A whole DP run without a speculator: uneven and idle ranks, mixed prompts, any graph mode.
+
+    Small token budgets chunk prefills and mix them with decodes; rank 0 always
+    has work, the others may idle. Callers add a speculator with
+    ``dataclasses.replace(spec, speculator=...)``.
+    """
+    dp = draw(st.sampled_from(dp_sizes))
+    mode = draw(st.sampled_from(list(CUDAGraphMode)))
+    sizes = tuple(draw(st.sets(st.integers(1, 48), min_size=1, max_size=5)))
+    budget = draw(st.integers(4, 48))
+    ranks = []
+    for rank in range(dp):
+        n = draw(st.integers(0 if rank else 1, 4))
+        reqs = tuple(
+            RequestSpec(
+                f"r{rank}.{i}",
+                tuple(draw(st.lists(st.integers(0, model.vocab_size - 1), min_size=1, max_size=12))),
+                max_tokens=draw(st.integers(1, 10)),
+            )
+            for i in range(n)
+        )
+        ranks.append(reqs)
+    engine = EngineConfig(
+        num_blocks=128,
+        block_size=draw(st.sampled_from([2, 4, 8])),
+        capture=CaptureConfig(mode=mode, capture_sizes=sizes),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64),
+    )
+    return DPRunSpec(model, draw(st.integers(0, 3)), engine, tuple(ranks), None)
