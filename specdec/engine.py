@@ -10,7 +10,7 @@ crosses a boundary is checked in the current contract mode.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -110,6 +110,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.metrics = RunMetrics()
         self.draft_ctx: DraftContext | None = None
+        self.draft_rewrite: Callable[[TargetStep, Proposal], Proposal] | None = None
+        """Test-only (``specdec.testing``): rewrites drafts after the proposal was checked, before they are
+        verified, so a conformance run can force acceptance patterns (all-accept, all-reject) on any backend."""
         if speculator is not None:
             self.draft_ctx = DraftContext(
                 backend=speculator.name,
@@ -251,10 +254,13 @@ class Engine:
             )
             proposal = self.speculator.propose(step, self.draft_ctx)
             check_proposal(proposal, step, self.speculator)
+            if self.draft_rewrite is not None:
+                proposal = self.draft_rewrite(step, proposal)
             self._store_drafts(items, proposal)
             for name, cache in self.draft_ctx.caches.items():
                 del name
                 cache.check()
+            self.draft_ctx.step_timings.append((num_tokens, time.perf_counter() - start))
 
         for req_id in finished:
             req = self.requests[req_id]
@@ -288,16 +294,21 @@ class Engine:
         draft_ids = torch.full((len(sampling), k), REJECTED_TOKEN_ID, dtype=torch.int64, device=hidden.device)
         use_probs = any(items[r].request.draft_probs is not None for r in sampling)
         probs = torch.zeros((len(sampling), k, logits.shape[-1]), device=hidden.device) if use_probs and k else None
+        # What each draft was drawn from, as its drafter reported it; VER-3 compares it with ``probs``.
+        drawn = None if probs is None else torch.zeros_like(probs)
         for i, r in enumerate(sampling):
             req = items[r].request
             d = items[r].num_drafts
             if d:
                 draft_ids[i, :d] = torch.tensor(req.drafts[:d], dtype=torch.int64)
-                if probs is not None:
+                if probs is not None and drawn is not None:
                     if req.draft_probs is not None:
                         probs[i, :d] = req.draft_probs[:d].to(probs.dtype)
+                        source = req.draft_probs if req.draft_sampled_from is None else req.draft_sampled_from
+                        drawn[i, :d] = source[:d].to(drawn.dtype)
                     else:  # an argmax draft in a batch of sampled ones: its proposal is one-hot
                         probs[i, torch.arange(d), draft_ids[i, :d]] = 1.0
+                        drawn[i, torch.arange(d), draft_ids[i, :d]] = 1.0
         params = [items[r].request.params for r in sampling]
         generator = self._generator_for(items, sampling)
         out = verify(
@@ -306,7 +317,7 @@ class Engine:
             num_spec_tokens=k,
             num_draft_tokens=counts,
             generator=generator,
-            sampled_from=probs,
+            sampled_from=drawn,
             component="engine verifier",
         )
         tokens = out.output_token_ids.tolist()
@@ -351,6 +362,8 @@ class Engine:
             if n and it.request.finish_reason is None:
                 it.request.drafts = ids[r][:n]
                 it.request.draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[r, :n]
+                drawn = proposal.sampled_from
+                it.request.draft_sampled_from = None if drawn is None else drawn[r, :n]
 
     # -- driving ---------------------------------------------------------------------------------
 

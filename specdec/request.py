@@ -75,6 +75,7 @@ class Request:
     finish_reason: FinishReason | None = None
     drafts: list[int] = field(default_factory=list)
     draft_probs: Float[Tensor, "num_drafts vocab"] | None = None
+    draft_sampled_from: Float[Tensor, "num_drafts vocab"] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     generator: torch.Generator | None = None
 
@@ -104,3 +105,4 @@ class Request:
     def clear_drafts(self) -> None:
         self.drafts = []
         self.draft_probs = None
+        self.draft_sampled_from = None

@@ -115,6 +115,8 @@ class Scheduler:
         if len(drafts) < len(req.drafts):
             req.drafts = drafts
             req.draft_probs = None if req.draft_probs is None else req.draft_probs[: len(drafts)]
+            drawn = req.draft_sampled_from
+            req.draft_sampled_from = None if drawn is None else drawn[: len(drafts)]
         return ScheduledItem(req, (tokens[-1], *drafts), len(drafts))
 
     def _reserve(self, item: ScheduledItem, scheduled: list[ScheduledItem]) -> bool:

@@ -10,6 +10,7 @@ skip the contracts.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -82,13 +83,18 @@ class Proposal:
     """Drafts for the next verification: one row per request of the target step.
 
     Rows of requests that do not draft hold ``num_drafts == 0``. ``draft_probs``
-    is the distribution each draft was drawn from (None: argmax drafts), and
-    ``facts`` optional extra evidence for block-drafter invariants.
+    is the proposal handed to the verifier (None: argmax drafts, one-hot).
+    ``sampled_from`` is what the drafter's sampling step actually drew each
+    draft from, reported where it was drawn (None: the same as
+    ``draft_probs``); the verifier compares the two (VER-3), which is how a
+    drafter that hands over a different distribution than it sampled from is
+    caught. ``extra_facts`` is optional evidence for block-drafter invariants.
     """
 
     draft_token_ids: Int[Tensor, "num_reqs num_spec_tokens"]
     num_drafts: tuple[int, ...]
     draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
+    sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     extra_facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,6 +169,9 @@ class DraftContext:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, KVCacheManager] = {}
+        self.step_timings: deque[tuple[int, float]] = deque(maxlen=256)
+        """(tokens the target step ran, seconds the whole step took), measured by the engine after each step:
+        what a cost-aware drafter (DSpark's budget) fits its step cost to."""
         self.fault: Any = None
         """Test-only fault injection point (see ``specdec.testing.faults``); None in production."""
 

@@ -123,6 +123,51 @@ def test_draft_and_target_caches_hold_exactly_the_committed_length_after_every_s
     assert steps > 20 and spec.kv.requests == ()
 
 
+def test_rejected_rows_written_into_the_draft_cache_are_caught_by_blk_6(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bug pattern: context slots for every target row, rejected drafts included (BLK-6, ``full`` mode)."""
+
+    def every_row(self: DFlashSpeculator, step: object) -> list[int]:
+        rows = step.scheduled  # type: ignore[attr-defined]
+        self.kv.ensure_capacities({s.req_id: s.seq_len for s in rows})
+        return [
+            slot for s in rows for slot in self.kv.slot_mapping(s.req_id, list(range(s.num_computed_tokens, s.seq_len)))
+        ]
+
+    target = echo_target()
+    monkeypatch.setattr(DFlashSpeculator, "_context_slots", every_row)
+    with contracts.enforce("full"), pytest.raises(ContractViolation) as info:
+        run_engine(target, echo_speculator(target, 3))
+    assert info.value.invariant_id == "BLK-6"
+    assert "context rows not committed but written" in info.value.observed
+
+
+def test_every_proposal_checks_its_block_step_even_when_no_rank_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The context write is checked on steps without a block forward too (prefill-only and all-finished steps)."""
+    from specdec.speculator import DraftContext
+
+    checked: list[int] = []
+    real = DraftContext.check_batch
+
+    def counting(self: DraftContext, step_kind: contracts.StepKind, facts: contracts.BatchFacts) -> None:
+        checked.append(facts.num_reqs)
+        real(self, step_kind, facts)
+
+    monkeypatch.setattr(DraftContext, "check_batch", counting)
+    target = echo_target()
+    spec = echo_speculator(target, 3)
+    proposals = 0
+    real_propose = spec.propose
+
+    def count_propose(*args: object) -> object:
+        nonlocal proposals
+        proposals += 1
+        return real_propose(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spec, "propose", count_propose)
+    run_engine(target, spec)
+    assert len(checked) == proposals and 0 in checked and any(checked)
+
+
 # -- the follow-up bug: DP padding in block-drafter attention metadata ------------------------------------------
 
 

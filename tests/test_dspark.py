@@ -145,24 +145,25 @@ def test_dspark_sampling_follows_the_target_distribution(capacity: str, monkeypa
     assert p_value(counts, exact_joint(params)) > ALPHA
 
 
+def backbone_handed_over(
+    self: DSparkSpeculator, corrected: Tensor, backbone: Tensor, params: list[SamplingParams]
+) -> Tensor:
+    """The bug pattern: the verifier gets softmax(U_k) while the drafts came from the Markov-corrected q."""
+    m, k, vocab = backbone.shape
+    per_row = [p for p in params for _ in range(k)]
+    return probabilities(backbone.float().reshape(m * k, vocab), per_row).view(m, k, vocab)
+
+
 def test_handing_over_the_backbone_distribution_is_biased(monkeypatch: pytest.MonkeyPatch) -> None:
     """The power check: drafts from the Markov-corrected q, verified against the backbone's q, fail the same test.
 
-    With full-support sampling (no top-k/top-p) no contract sees this (the engine hands one tensor to the verifier
-    as both ``draft_probs`` and ``sampled_from``); only the output distribution shows it.
+    ``shapes`` mode does not see this (VER-3 compares the two distributions' values only in ``full``); the output
+    distribution does.
     """
     import test_lossless_sampling
 
     monkeypatch.setattr(test_lossless_sampling, "N", 800)
-    real = DSparkSpeculator._markov_step
-
-    def backbone_handed_over(
-        self: DSparkSpeculator, backbone: Tensor, prev: Tensor, p: list[SamplingParams]
-    ) -> tuple[Tensor, Tensor]:
-        drawn, _ = real(self, backbone, prev, p)
-        return drawn, probabilities(backbone.float(), p)
-
-    monkeypatch.setattr(DSparkSpeculator, "_markov_step", backbone_handed_over)
+    monkeypatch.setattr(DSparkSpeculator, "_verifier_proposal", backbone_handed_over)
     params = SamplingParams(temperature=1.0)
     counts = sample_engine(lambda: small_dspark("full", Counter()), params, seed=1234)  # type: ignore[arg-type,return-value]
     assert p_value(counts, exact_joint(params)) < ALPHA
@@ -287,27 +288,41 @@ def test_blk_8_catches_a_non_prefix_capacity_mask(monkeypatch: pytest.MonkeyPatc
     assert "draft_mask row" in info.value.observed
 
 
-def test_ver_3_catches_the_backbone_distribution_handed_over_under_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Drafts drawn from the Markov-corrected distribution, but the backbone's handed to the verifier.
+@pytest.mark.parametrize("top_k", [None, 2], ids=["full-support", "top-k-2"])
+def test_ver_3_catches_the_backbone_distribution_handed_over(
+    monkeypatch: pytest.MonkeyPatch, top_k: int | None
+) -> None:
+    """Drafts drawn from the Markov-corrected distribution, the backbone's handed to the verifier: VER-3 in ``full``.
 
-    The engine passes the same tensor as ``draft_probs`` and ``sampled_from``, so VER-3 can only see this where a
-    drawn draft has probability 0 under the handed-over proposal: here top-k 2 plus a strong Markov bias makes the
-    Markov draft fall outside the backbone's top 2. Without top-k/top-p (full support) it is not detectable.
+    The engine hands the verifier both the proposal and what the drafter reported drawing from; ``full`` compares
+    their values on every drafted slot, so the bug is caught with full-support sampling too, not only where a draft
+    has probability 0 under the handed-over proposal.
     """
     target = Transformer(ModelConfig.tiny(), seed=0)
-    params = SamplingParams(temperature=1.0, top_k=2)
+    params = SamplingParams(temperature=1.0, top_k=top_k)
     with contracts.enforce("full"):
         run(target, tiny_dspark(target, markov_scale=20.0), params)  # the honest drafter passes
 
-    real = DSparkSpeculator._markov_step
-
-    def backbone_handed_over(
-        self: DSparkSpeculator, backbone: Tensor, prev: Tensor, p: list[SamplingParams]
-    ) -> tuple[Tensor, Tensor]:
-        drawn, _ = real(self, backbone, prev, p)
-        return drawn, probabilities(backbone.float(), p)
-
-    monkeypatch.setattr(DSparkSpeculator, "_markov_step", backbone_handed_over)
+    monkeypatch.setattr(DSparkSpeculator, "_verifier_proposal", backbone_handed_over)
+    with contracts.enforce("shapes"):  # shapes reads no values: the run completes (with a biased output)
+        run(target, tiny_dspark(target, markov_scale=20.0), params)
     with contracts.enforce("full"), pytest.raises(ContractViolation) as info:
         run(target, tiny_dspark(target, markov_scale=20.0), params)
     assert info.value.invariant_id == "VER-3"
+    assert "max |given - drawn|" in info.value.observed
+
+
+def test_the_budget_fits_its_step_cost_to_measured_step_times() -> None:
+    """Without c0/c1 the budget refits ``c0 + c1 · tokens`` from the engine's step timings, and stays lossless."""
+    target = Transformer(ModelConfig.tiny(), seed=0)
+    spec = tiny_dspark(target, capacity="budget")
+    assert spec.measure_cost and spec.cost == StepCost()
+    e = run(target, spec)
+    timings = list(e.draft_ctx.step_timings) if e.draft_ctx is not None else []
+    assert len(timings) == e.metrics.steps and len({t for t, _ in timings}) >= 2
+    used = timings[: spec._fitted_at]
+    refit = StepCost.fit([t for t, _ in used], [s for _, s in used])
+    assert spec.cost != StepCost() and (spec.cost.c0, spec.cost.c1) == pytest.approx((refit.c0, refit.c1))
+    assert {r: q.output for r, q in e.requests.items()} == {r: q.output for r, q in run(target, None).requests.items()}
+    fixed = tiny_dspark(target, capacity="budget", c0=2.0)
+    assert not fixed.measure_cost and fixed.cost == StepCost(c0=2.0, c1=0.05)

@@ -1,4 +1,4 @@
-"""Training the block drafters on the target's own greedy continuations makes them agree with it more.
+"""Training the drafters (EAGLE head, DFlash, DSpark) on the target's own greedy continuations makes them agree with it more.
 
 A tiny random target (small vocabulary, so a few hundred steps suffice) writes
 its own training data; DFlash and DSpark drafters are trained on it, and the
@@ -13,11 +13,20 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 from backends.dflash import DFlashNetwork, DFlashSpeculator
 from backends.dflash.network import MASK_TOKEN_ID
 from backends.dspark import DSparkHeads, DSparkSpeculator
 from backends.registry import spread_layers
-from backends.training import block_hidden, generate_sequences, target_features, train_dflash, train_dspark
+from backends.training import (
+    block_hidden,
+    generate_sequences,
+    target_features,
+    train_dflash,
+    train_dspark,
+    train_eagle,
+    unrolled_hidden,
+)
 from specdec.engine import Engine, EngineConfig
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
@@ -125,3 +134,65 @@ def test_dense_training_forward_drafts_what_the_paged_inference_path_drafts(
             hidden = block_hidden(network, feats.aux, ids, torch.tensor([[anchor]]), K + 1)
             logits = target.compute_logits(network.norm(hidden[0]))
             assert logits[1:].argmax(-1).tolist() == drafts, f"anchor {anchor}"
+
+
+def test_eagle_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
+    aux = spread_layers(target.config.num_layers)
+
+    def speculator(head: EagleHead) -> AutoregressiveSpeculator:
+        return AutoregressiveSpeculator(head, num_spec_tokens=K, aux_layers=aux, name="eagle")
+
+    head = EagleHead(target, num_aux=len(aux), seed=1)
+    before, _ = run(target, speculator(head))
+    frozen = {n: p.detach().clone() for n, p in target.named_parameters()}
+    losses = train_eagle(head, target, sequences, steps=200, depth=K, lr=1e-2, seed=0)
+    after, out = run(target, speculator(head))
+    print(f"EAGLE tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
+    assert after > before
+    assert out == run(target, None)[1]
+    assert not any(p.requires_grad for p in head.parameters())
+    assert all(torch.equal(p, frozen[n]) for n, p in target.named_parameters())
+
+
+class RecordingEagle(AutoregressiveSpeculator):
+    """Records (last committed position P, next token, drafts) of every drafting proposal of request 0."""
+
+    def __init__(self, head: EagleHead, aux: tuple[int, ...]) -> None:
+        super().__init__(head, num_spec_tokens=K, aux_layers=aux, name="eagle")
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        proposal = super().propose(step, ctx)
+        if step.drafting[0]:
+            self.seen.append((step.base_positions[0], step.next_token_ids[0], proposal.draft_token_ids[0].tolist()))
+        return proposal
+
+
+def test_unrolled_training_forward_drafts_what_the_paged_eagle_path_drafts(
+    target: Transformer, sequences: Tensor
+) -> None:
+    """Step j of the dense unroll, fed the engine's drafts, reproduces the engine's draft j at every proposal."""
+    aux = spread_layers(target.config.num_layers)
+    head = EagleHead(target, num_aux=len(aux), seed=1)
+    train_eagle(head, target, sequences, steps=60, depth=K, lr=1e-2, seed=0)
+    spec = RecordingEagle(head, aux)
+    engine = Engine(
+        target, EngineConfig(num_blocks=64, block_size=4, scheduler=SchedulerConfig(max_model_len=64)), speculator=spec
+    )
+    prompt = [5, 9, 2, 30]
+    engine.add_request("r", prompt, max_tokens=16)
+    tokens = torch.tensor(prompt + engine.run()["r"])
+    feats = target_features(target, tokens[None], aux)
+    assert len({tuple(d) for _, _, d in spec.seen}) > 3
+    with torch.no_grad():
+        fused = head.fuse_aux(feats.aux)
+        for p, bonus, drafts in spec.seen:
+            # prefill rows 0..P read x_{t+1}; row P reads the bonus. Later steps read the drafts themselves.
+            rows = p + 1
+            step_ids = [torch.cat([tokens[1:rows], torch.tensor([bonus])])[None]]
+            for d in drafts[:-1]:
+                step_ids.append(torch.cat([tokens[1:rows], torch.tensor([d])])[None])
+            hidden = unrolled_hidden(head, fused[:, :rows], step_ids)
+            got = [int(target.compute_logits(head.norm(h[0, -1:])).argmax()) for h in hidden]
+            assert got == drafts, f"P {p}"

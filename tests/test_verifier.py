@@ -538,15 +538,22 @@ def test_tgt6_logits_with_an_extra_row() -> None:
 def test_ver3_proposal_not_the_one_drawn_from() -> None:
     inp, num_draft = _small_input(probs=True)
     assert inp.draft_probs is not None
-    copy = inp.draft_probs.clone()
+    same_values = inp.draft_probs.clone()
+    other = torch.softmax(torch.randn(inp.draft_probs.shape, generator=torch.Generator().manual_seed(3)), -1)
 
     def run(sampled_from: torch.Tensor | None) -> VerifierOutput:
         return verify(inp, [PLAIN] * 2, num_spec_tokens=2, num_draft_tokens=num_draft, sampled_from=sampled_from)
 
-    assert _violation(lambda: run(copy)) == "VER-3"
-    assert _violation(lambda: run(None)) == "VER-3"
+    assert _violation(lambda: run(None)) == "VER-3"  # [S] one present, the other not
+    assert _violation(lambda: run(other[:, :1])) == "VER-3"  # [S] shapes differ
+    with contracts.enforce("shapes"):
+        run(other)  # [D]: shapes mode reads no values
+    with contracts.enforce("full"), pytest.raises(ContractViolation) as info:
+        run(other)
+    assert info.value.invariant_id == "VER-3" and "max |given - drawn|" in info.value.observed
     with contracts.enforce("full"):
         run(inp.draft_probs)  # the same object passes
+        run(same_values)  # and so does an equal copy
 
 
 def test_ver3_draft_with_zero_proposal_probability_is_not_accepted() -> None:

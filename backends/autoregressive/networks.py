@@ -56,7 +56,7 @@ class EagleHead(nn.Module):
     def target(self) -> Transformer:
         return self._target[0]
 
-    def fuse_aux(self, aux: Sequence[Float[Tensor, "num_tokens hidden"]]) -> Float[Tensor, "num_tokens hidden"]:
+    def fuse_aux(self, aux: Sequence[Float[Tensor, "*rows hidden"]]) -> Float[Tensor, "*rows hidden"]:
         if len(aux) != self.num_aux:
             raise ValueError(f"EAGLE head fuses {self.num_aux} target layers, got {len(aux)}")
         result: Tensor = self.fuse(torch.cat(list(aux), dim=-1))

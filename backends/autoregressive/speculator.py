@@ -100,6 +100,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             draft_token_ids=tokens,
             num_drafts=tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs)),
             draft_probs=None if all_greedy else probs,
+            sampled_from=None if all_greedy else probs,
         )
 
     def _prefill(self, step: TargetStep, ctx: DraftContext) -> DraftOutput:

@@ -144,6 +144,7 @@ class DFlashSpeculator(DraftCacheOwner):
             draft_token_ids=tokens,
             num_drafts=tuple(k if d else 0 for d in step.drafting),
             draft_probs=probs,
+            sampled_from=probs,
             extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
         )
 
@@ -164,6 +165,9 @@ class DFlashSpeculator(DraftCacheOwner):
         device = step.input_ids.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
         if desc.num_tokens == 0:
+            # No rank drafts: no block forward, but the context write is checked (BLK-6) all the same.
+            empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
+            ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
             self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
             self._commit(step)
             return drafting, None, desc, tokens
@@ -175,27 +179,43 @@ class DFlashSpeculator(DraftCacheOwner):
         if wrong:
             raise RuntimeError(f"drafting requests whose last committed position is not committed length - 1: {wrong}")
         meta = build_block_metadata(desc, req_ids, base, q, self.kv, ctx.max_model_len, device)
-        ids, positions = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
-        facts = BatchFacts(
-            desc=desc,
-            num_reqs=m,
-            num_tokens=m * q,
-            meta=meta,
-            input_ids=ids,
-            positions=positions,
-            block_size=self.kv.block_size,
-            max_model_len=ctx.max_model_len,
-            base_positions=torch.tensor(base, dtype=torch.int64, device=device),
-            num_spec_tokens=k,
-            block_layout=self.block_layout,
-            context_slot_mapping=context.slot_mapping,
-            context_committed=context.committed,
-        )
+        inputs = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
+        facts = self._block_facts(desc, meta, base, context, ctx.max_model_len, inputs)
         out = ctx.forward(
             BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
         )
         self._commit(step)
         return drafting, out, desc, tokens
+
+    def _block_facts(
+        self,
+        desc: BatchExecutionDescriptor,
+        meta: AttentionMetadata,
+        base: list[int],
+        context: ContextInjection,
+        max_model_len: int,
+        inputs: tuple[Int[Tensor, " rows"], Int[Tensor, " rows"]] | None = None,
+    ) -> BatchFacts:
+        """What the block step's contracts see; without ``inputs`` (no rank drafts) ids and positions are zeros."""
+        device = context.slot_mapping.device
+        if inputs is None:
+            zeros = torch.zeros(desc.num_tokens, dtype=torch.int64, device=device)
+            inputs = (zeros, zeros)
+        return BatchFacts(
+            desc=desc,
+            num_reqs=len(base),
+            num_tokens=len(base) * self.query_width,
+            meta=meta,
+            input_ids=inputs[0],
+            positions=inputs[1],
+            block_size=self.kv.block_size,
+            max_model_len=max_model_len,
+            base_positions=torch.tensor(base, dtype=torch.int64, device=device),
+            num_spec_tokens=self.num_spec_tokens,
+            block_layout=self.block_layout,
+            context_slot_mapping=context.slot_mapping,
+            context_committed=context.committed,
+        )
 
     def _plan_context(self, step: TargetStep) -> ContextInjection:
         """Draft slots for the target rows that were committed; rejected, finished and padded rows get none."""
@@ -212,21 +232,33 @@ class DFlashSpeculator(DraftCacheOwner):
         kv.ensure_capacities(
             {s.req_id: step.committed_lengths[s.req_id] for s in step.scheduled if s.req_id in step.committed_lengths}
         )
-        slots = [PAD_SLOT_ID] * step.desc.num_tokens
+        # Which target rows were committed follows from the scheduler's committed lengths alone, so BLK-6
+        # compares the slots written against an independent account, not against themselves.
+        committed = [False] * step.desc.num_tokens
         row = 0
         for s in step.scheduled:
-            committed = step.committed_lengths.get(s.req_id, 0)
-            keep = [p for p in range(s.num_computed_tokens, s.seq_len) if p < committed]
-            slots[row : row + len(keep)] = kv.slot_mapping(s.req_id, keep)
+            end = step.committed_lengths.get(s.req_id, 0)
+            for i, p in enumerate(range(s.num_computed_tokens, s.seq_len)):
+                committed[row + i] = p < end
             row += s.query_len
         device = step.input_ids.device
-        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
         return ContextInjection(
             aux=step.output.aux_hidden_states,
             positions=step.positions,
-            slot_mapping=slot_mapping,
-            committed=slot_mapping != PAD_SLOT_ID,
+            slot_mapping=torch.tensor(self._context_slots(step), dtype=torch.int64, device=device),
+            committed=torch.tensor(committed, dtype=torch.bool, device=device),
         )
+
+    def _context_slots(self, step: TargetStep) -> list[int]:
+        """Draft slots of the committed target rows; rejected drafts, finished and padded rows get PAD_SLOT_ID."""
+        slots = [PAD_SLOT_ID] * step.desc.num_tokens
+        row = 0
+        for s in step.scheduled:
+            end = step.committed_lengths.get(s.req_id, 0)
+            keep = [p for p in range(s.num_computed_tokens, s.seq_len) if p < end]
+            slots[row : row + len(keep)] = self.kv.slot_mapping(s.req_id, keep)
+            row += s.query_len
+        return slots
 
     def _commit(self, step: TargetStep) -> None:
         """The draft cache now holds the injected context of exactly the committed tokens (KV-2)."""

@@ -27,6 +27,8 @@ from specdec.sampling import SamplingParams, probabilities, sample
 from specdec.speculator import DraftContext, Proposal, TargetStep
 
 CapacityMode = Literal["full", "threshold", "budget"]
+REFIT_EVERY = 16
+"""Measured steps between two refits of the budget's step cost."""
 
 
 class DSparkSpeculator(DFlashSpeculator):
@@ -56,6 +58,9 @@ class DSparkSpeculator(DFlashSpeculator):
         self.capacity = capacity
         self.tau = tau
         self.cost = cost or StepCost()
+        self.measure_cost = cost is None
+        """Without a given cost the budget fits one to the engine's measured step timings as they arrive."""
+        self._fitted_at = 0
 
     block_layout = "anchor_first"
 
@@ -81,18 +86,26 @@ class DSparkSpeculator(DFlashSpeculator):
         hidden = out.hidden_states[sample_rows].view(m, k, out.hidden_states.shape[-1])
         drawn, prev, probs, survival = self._markov_loop(backbone, hidden, anchors, params)
 
+        if self.capacity == "budget" and self.measure_cost:
+            self._refit_cost(ctx)
         capacity = self._capacity(survival)
         mask = prefix_mask(capacity, k)
         tokens[drafting] = torch.where(mask, drawn, REJECTED_TOKEN_ID)
-        draft_probs = None
+        draft_probs = sampled_from = handed = None
         if not all(p.greedy for p in params):
-            draft_probs = torch.zeros((step.num_reqs, k, backbone.shape[-1]), device=device)
-            draft_probs[drafting] = probs
+            handed = self._verifier_proposal(probs, backbone, params)
+            sampled_from = torch.zeros((step.num_reqs, k, backbone.shape[-1]), device=device)
+            sampled_from[drafting] = probs
+            draft_probs = sampled_from
+            if handed is not probs:
+                draft_probs = torch.zeros_like(sampled_from)
+                draft_probs[drafting] = handed
         counts = dict(zip(drafting, capacity.tolist(), strict=True))
         return Proposal(
             draft_token_ids=tokens,
             num_drafts=tuple(counts.get(r, 0) for r in range(step.num_reqs)),
             draft_probs=draft_probs,
+            sampled_from=sampled_from,
             extra_facts={
                 "desc": desc,
                 "num_reqs": m,
@@ -103,7 +116,7 @@ class DSparkSpeculator(DFlashSpeculator):
                 "draft_mask": mask,
                 "survival": survival,
                 # The drafting rows only, so every per-request fact has the num_reqs (= m) rows reported above.
-                "draft_probs": None if draft_probs is None else probs,
+                "draft_probs": handed,
             },
         )
 
@@ -129,6 +142,18 @@ class DSparkSpeculator(DFlashSpeculator):
             prev = x
         return drawn, prevs, probs, torch.cumprod(conf, dim=1)
 
+    def _verifier_proposal(
+        self, corrected: Float[Tensor, "m k vocab"], backbone: Float[Tensor, "m k vocab"], params: list[SamplingParams]
+    ) -> Float[Tensor, "m k vocab"]:
+        """The proposal the verifier gets: the Markov-corrected distribution the drafts came from (VER-3).
+
+        Handing over the backbone's ``softmax(U_k)`` instead is the bug pattern
+        this seam exists for: the output is then no longer the target's
+        distribution, and VER-3 compares both in ``full`` mode.
+        """
+        del backbone, params
+        return corrected
+
     def _markov_start(self, anchors: Int[Tensor, " m"]) -> Int[Tensor, " m"]:
         """x_0: the chain starts at the anchor (BLK-8)."""
         return anchors
@@ -143,6 +168,17 @@ class DSparkSpeculator(DFlashSpeculator):
             return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
         probs = probabilities(logits, params)  # greedy rows come out one-hot, so sampling them is the argmax
         return sample(probs, self.generator), probs
+
+    def _refit_cost(self, ctx: DraftContext) -> None:
+        """Refit ``c0 + c1 · tokens`` to the measured steps every REFIT_EVERY new ones (needs two token counts)."""
+        timings = list(ctx.step_timings)
+        seen = len(timings)
+        if seen - self._fitted_at < REFIT_EVERY and self._fitted_at:
+            return
+        if len({t for t, _ in timings}) < 2:
+            return
+        self.cost = StepCost.fit([t for t, _ in timings], [s for _, s in timings])
+        self._fitted_at = seen
 
     def _capacity(self, survival: Float[Tensor, "m k"]) -> Int[Tensor, " m"]:
         """Drafts proposed per request: all K, while survival >= tau, or by the global step-cost budget."""

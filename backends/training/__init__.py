@@ -1,4 +1,4 @@
-"""Training for the block drafters (DFlash, DSpark): dense, differentiable forwards over whole sequences.
+"""Training for the drafters (EAGLE head, DFlash, DSpark): dense, differentiable forwards over whole sequences.
 
 The inference paths run over a paged cache under ``no_grad``-style frozen
 weights; training instead runs each block against dense attention built from
@@ -9,6 +9,7 @@ at inference.
 from backends.training.data import TargetFeatures, generate_sequences, target_features
 from backends.training.dflash import block_hidden, decay_weights, train_dflash
 from backends.training.dspark import train_dspark
+from backends.training.eagle import train_eagle, unrolled_hidden
 
 __all__ = [
     "TargetFeatures",
@@ -18,4 +19,6 @@ __all__ = [
     "target_features",
     "train_dflash",
     "train_dspark",
+    "train_eagle",
+    "unrolled_hidden",
 ]

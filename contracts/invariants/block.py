@@ -42,7 +42,7 @@ def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "BLK-2",
-    "A block step has uniform_token_count == q, and under FULL desc.num_tokens == desc.num_reqs * q.",
+    "A block step with tokens has uniform_token_count == q, and under FULL desc.num_tokens == desc.num_reqs * q (an empty step, where no rank drafts, only injects context).",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
@@ -50,6 +50,8 @@ def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
 )
 def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, q = facts.desc, _q(facts)
+    if d.num_tokens == 0:
+        return None
     full_bad = d.cg_mode.name == "FULL" and d.num_reqs is not None and d.num_tokens != d.num_reqs * q
     if d.uniform_token_count != q or full_bad:
         return {

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from contracts.facts import VerifierFacts
 
 VERIFY = {StepKind.VERIFY}
+PROPOSAL_ATOL = 1e-5
+"""Largest per-entry gap between two probability vectors still taken as the same distribution (fp32)."""
 
 
 @invariant(
@@ -66,27 +68,40 @@ def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
 @invariant(
     "VER-3",
     "The proposal distribution handed to the sampler is the one each draft token was drawn from.",
-    tag=Tag.S,
+    tag=Tag.SD,
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the backbone distribution was passed instead of the corrected (e.g. Markov) one the drafts came from",
     wired=True,
 )
-def ver_3(facts: VerifierFacts, _: ValueReader) -> Observed | None:
+def ver_3(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
+    """[S] both present with one shape over the target's vocabulary; [D] equal values on every drafted slot."""
     given, drawn = facts.verifier_input.draft_probs, facts.sampled_from
     if given is None and drawn is None:
         return None
-    if (
-        given is None
-        or drawn is None
-        or (given is not drawn and (given.data_ptr() != drawn.data_ptr() or given.shape != drawn.shape))
-    ):
+    if given is None or drawn is None or given.shape != drawn.shape:
         return {
             "given proposal": None if given is None else tuple(given.shape),
             "drawn from": None if drawn is None else tuple(drawn.shape),
-            "problem": "not the same distribution object",
+            "problem": "the proposal handed over and the one drawn from differ in presence or shape",
         }
     vocab = facts.verifier_input.target_logits.shape[-1]
     if given.shape[-1] != vocab:
         return {"proposal vocab": given.shape[-1], "target vocab": vocab}
+    if given is drawn or not reader.allow_device:
+        return None
+    # One reduction on the device, then a (num_reqs, K) read: the distributions are vocab-wide.
+    differs = reader.device((given.float() - drawn.float()).abs().amax(dim=-1) > PROPOSAL_ATOL)
+    if differs is None:
+        return None
+    for r, row in enumerate(differs):
+        slots = [j for j, flag in enumerate(row[: facts.num_draft_tokens[r]]) if flag]
+        if slots:
+            gap = float((given[r, slots[0]].float() - drawn[r, slots[0]].float()).abs().max())
+            return {
+                "request": r,
+                "draft slots": slots,
+                "max |given - drawn|": round(gap, 6),
+                "problem": "the proposal handed over is not the distribution the draft was drawn from",
+            }
     return None
