@@ -1,6 +1,6 @@
-"""Drafters behind one ``Speculator`` interface, and the registry that builds them by name."""
+"""Drafters behind one ``Speculator`` interface; built by name through ``specdec.backend_registry``."""
 
-from backends.registry import BACKENDS, create, register
+from backends.registry import create
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
 
-__all__ = ["BACKENDS", "DraftContext", "Proposal", "Speculator", "TargetStep", "create", "register"]
+__all__ = ["DraftContext", "Proposal", "Speculator", "TargetStep", "create"]

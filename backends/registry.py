@@ -1,34 +1,19 @@
-"""Backends by name: what ``specdec generate --backend NAME`` and the tests build."""
+"""The built-in backends' factories, published as entry points in group ``specdec.backends``.
+
+``pyproject.toml`` names each ``make_*`` function below; ``specdec.backend_registry``
+finds them there exactly as it finds a third-party backend, so the runtime never
+imports this package. ``create`` stays importable from here for existing callers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from specdec.backend_registry import create
 from specdec.model.transformer import Transformer
 from specdec.speculator import Speculator
 
-Factory = Callable[..., Speculator]
-BACKENDS: dict[str, Factory] = {}
-
-
-def register(name: str) -> Callable[[Factory], Factory]:
-    def add(factory: Factory) -> Factory:
-        if name in BACKENDS:
-            raise ValueError(f"backend {name!r} registered twice")
-        BACKENDS[name] = factory
-        return factory
-
-    return add
-
-
-def create(name: str, target: Transformer, **options: Any) -> Speculator:
-    """Build backend ``name`` for ``target``; unknown names list the known ones."""
-    try:
-        factory = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r}; known backends: {sorted(BACKENDS)}") from None
-    return factory(target, **options)
+__all__ = ["create", "make_dflash", "make_draft_model", "make_dspark", "make_eagle", "spread_layers"]
 
 
 def spread_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
@@ -38,8 +23,7 @@ def spread_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
     return tuple(round(i * (num_layers - 1) / (count - 1)) for i in range(count))
 
 
-@register("eagle")
-def _eagle(
+def make_eagle(
     target: Transformer, *, num_spec_tokens: int = 4, fused: bool = False, seed: int = 1, **_: Any
 ) -> Speculator:
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
@@ -49,8 +33,7 @@ def _eagle(
     return AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
 
 
-@register("draft-model")
-def _draft_model(
+def make_draft_model(
     target: Transformer,
     *,
     num_spec_tokens: int = 4,
@@ -73,8 +56,7 @@ def _draft_model(
     )
 
 
-@register("dflash")
-def _dflash(
+def make_dflash(
     target: Transformer,
     *,
     num_spec_tokens: int = 4,
@@ -92,8 +74,7 @@ def _dflash(
     )
 
 
-@register("dspark")
-def _dspark(
+def make_dspark(
     target: Transformer,
     *,
     num_spec_tokens: int = 4,
@@ -102,8 +83,8 @@ def _dspark(
     rank: int = 8,
     capacity: str = "full",
     tau: float = 0.5,
-    c0: float = 1.0,
-    c1: float = 0.05,
+    c0: float | None = None,
+    c1: float | None = None,
     markov_scale: float = 1.0,
     **_: Any,
 ) -> Speculator:
@@ -131,5 +112,8 @@ def _dspark(
         seed=seed,
         capacity=capacity,  # type: ignore[arg-type]
         tau=tau,
-        cost=StepCost(c0=c0, c1=c1),
+        # No cost given: the budget fits c0 + c1 * tokens to the engine's measured step times as they arrive.
+        cost=None
+        if c0 is None and c1 is None
+        else StepCost(c0=1.0 if c0 is None else c0, c1=0.05 if c1 is None else c1),
     )

@@ -1,3 +1,71 @@
-"""The specdec runtime: padding and DP sync, paged KV cache, attention metadata, engine."""
+"""The specdec runtime: padding and DP sync, paged KV cache, attention metadata, engine.
+
+The names below are the public API a third-party backend is written against.
+They load lazily (PEP 562), so ``import specdec`` stays cheap and importing a
+submodule does not pull in the whole runtime before an import hook (the test
+suite's jaxtyping hook) is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "DraftContext": "specdec.speculator",
+    "DraftModel": "specdec.speculator",
+    "DraftOutput": "specdec.speculator",
+    "Engine": "specdec.engine",
+    "EngineConfig": "specdec.engine",
+    "ModelConfig": "specdec.model.config",
+    "Proposal": "specdec.speculator",
+    "RunMetrics": "specdec.engine",
+    "SamplingParams": "specdec.sampling",
+    "ScheduledRequest": "specdec.attn_metadata",
+    "SchedulerConfig": "specdec.scheduler",
+    "Speculator": "specdec.speculator",
+    "TargetStep": "specdec.speculator",
+    "Transformer": "specdec.model.transformer",
+}
+
+__all__ = [
+    "DraftContext",
+    "DraftModel",
+    "DraftOutput",
+    "Engine",
+    "EngineConfig",
+    "ModelConfig",
+    "Proposal",
+    "RunMetrics",
+    "SamplingParams",
+    "ScheduledRequest",
+    "SchedulerConfig",
+    "Speculator",
+    "TargetStep",
+    "Transformer",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from specdec.attn_metadata import ScheduledRequest
+    from specdec.engine import Engine, EngineConfig, RunMetrics
+    from specdec.model.config import ModelConfig
+    from specdec.model.transformer import Transformer
+    from specdec.sampling import SamplingParams
+    from specdec.scheduler import SchedulerConfig
+    from specdec.speculator import DraftContext, DraftModel, DraftOutput, Proposal, Speculator, TargetStep
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -11,16 +11,23 @@ import argparse
 import time
 from typing import Any
 
+from specdec.backend_registry import create
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
+from specdec.speculator import Speculator
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", default="1 2 3 4 5 6 7 8", help="prompt token ids, space separated")
-    p.add_argument("--backend", default="eagle", help="'plain' or a registered backend (eagle, draft-model)")
+    p.add_argument(
+        "--backend",
+        default="eagle",
+        help="'plain', an installed backend (entry point group specdec.backends: eagle, draft-model, dflash, "
+        "dspark, ...) or a 'module:factory' spec",
+    )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4)
     p.add_argument("--fused", action="store_true", help="fused multi-step decode (metadata built once)")
     p.add_argument("--draft-is-target", action="store_true", help="draft-model backend drafting with the target itself")
@@ -36,11 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace, target: Transformer, backend: str) -> Engine:
-    speculator: Any = None
+    speculator: Speculator | None = None
     if backend != "plain":
-        from backends import create
-
-        options: dict[str, Any] = {"num_spec_tokens": args.num_spec_tokens, "fused": args.fused}
+        # Options a backend may not know are passed only when asked for, so a strict factory fails loudly then.
+        options: dict[str, Any] = {"num_spec_tokens": args.num_spec_tokens}
+        if args.fused:
+            options["fused"] = True
         if args.draft_is_target:
             options["draft"] = target
         speculator = create(backend, target, **options)
