@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, settings
 
 import contracts
 
+pytest_plugins = ("pytester",)
+
 settings.register_profile("dev", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci",

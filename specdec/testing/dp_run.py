@@ -7,6 +7,7 @@ module-level factory, so the same spec runs on threads and on processes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, no_type_check
@@ -43,6 +44,10 @@ class DPRunSpec:
     """Requests of each rank; the tuple's length is the DP size."""
     speculator: Callable[[Transformer], Speculator] | None = None
     faults: tuple[str, ...] = ()
+    device: str = "cpu"
+    """Where every rank builds its target (``cuda`` for the real-GPU tensor mode)."""
+    engine_hook: Callable[[Engine], None] | None = None
+    """Applied to each rank's engine before its requests are added (e.g. a forced acceptance pattern)."""
 
     @property
     def dp_size(self) -> int:
@@ -56,11 +61,30 @@ class RankResult:
     collectives: int
 
 
+_TARGETS: dict[tuple[str, int, str], Transformer] = {}
+_TARGETS_LOCK = threading.Lock()
+
+
+def shared_target(model: ModelConfig, seed: int, device: str = "cpu") -> Transformer:
+    """One target per (config, seed, device) in this process: weights are read-only, and building
+    them dominates short runs. Rank threads share it; gloo processes each build their own."""
+    key = (model.model_dump_json(), seed, device)
+    with _TARGETS_LOCK:
+        target = _TARGETS.get(key)
+        if target is None:
+            if len(_TARGETS) >= 16:
+                _TARGETS.clear()
+            target = _TARGETS[key] = Transformer(model, seed=seed, device=device)
+        return target
+
+
 def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResult:
     """One rank's whole run: build, add its requests, step until every rank is idle."""
-    target = Transformer(spec.model, seed=spec.model_seed)
+    target = shared_target(spec.model, spec.model_seed, spec.device)
     speculator = spec.speculator(target) if spec.speculator is not None else None
     engine = Engine(target, spec.engine, speculator=speculator, dp_group=group)
+    if spec.engine_hook is not None:
+        spec.engine_hook(engine)
     my_rank = group.rank if group is not None else rank
     for r in spec.requests[my_rank]:
         engine.add_request(
@@ -87,7 +111,7 @@ def run_gloo_rank(group: DPGroup, spec: DPRunSpec) -> RankResult:
 def plain_outputs(spec: DPRunSpec) -> dict[str, list[int]]:
     """Every rank's requests decoded plainly on one rank: the reference output."""
     flat = tuple(r for rank in spec.requests for r in rank)
-    single = DPRunSpec(spec.model, spec.model_seed, spec.engine, (flat,), None)
+    single = DPRunSpec(spec.model, spec.model_seed, spec.engine, (flat,), None, device=spec.device)
     return run_rank(None, single).outputs
 
 

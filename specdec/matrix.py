@@ -1,0 +1,185 @@
+"""``specdec matrix``: the conformance suite for chosen backends, as a table, JSON and JUnit XML.
+
+A benchmark-style command (it prints counts and times), not a test: the
+count of generated configurations per backend and the time they took are the
+figures the project tracks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specdec.backend_registry import available_backends, factory_for
+from specdec.testing.conformance import (
+    FAMILIES,
+    TENSOR_MODES,
+    ConformanceReport,
+    FamilyResult,
+    run_family,
+    supports_option,
+)
+
+BUILT_IN = ("eagle", "draft-model", "dflash", "dspark")
+
+
+def run_matrix(
+    backends: Sequence[str],
+    *,
+    families: Sequence[str],
+    examples: int,
+    tensor_modes: Sequence[str],
+    seed: int,
+    console: Console,
+) -> list[tuple[ConformanceReport, float]]:
+    """Every (backend, tensor mode, family) cell, with a progress bar over generated examples."""
+    reports: list[tuple[ConformanceReport, float]] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        for backend in backends:
+            factory = factory_for(backend)
+            cells = [
+                (mode, family)
+                for mode in tensor_modes
+                for family in families
+                if family != "capacity" or supports_option(factory, "capacity")
+            ]
+            task = progress.add_task(backend, total=examples * len(cells))
+            start = time.perf_counter()
+            results: list[FamilyResult] = []
+            for mode, family in cells:
+                done_before = progress.tasks[task].completed
+                progress.update(task, description=f"{backend}: {family} [{mode}]")
+
+                def advance(r: FamilyResult, t: TaskID = task, base: float = done_before) -> None:
+                    progress.update(t, completed=base + r.examples)
+
+                result = run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed, on_example=advance)
+                progress.update(task, completed=done_before + examples)
+                results.append(result)
+            reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
+    return reports
+
+
+def render(reports: Sequence[tuple[ConformanceReport, float]], families: Sequence[str]) -> Table:
+    table = Table(title="specdec conformance matrix (generated configurations per cell)")
+    table.add_column("backend")
+    for family in families:
+        table.add_column(family, overflow="fold")
+    table.add_column("examples", justify="right")
+    table.add_column("seconds", justify="right")
+    for report, seconds in reports:
+        cells = []
+        for family in families:
+            cell = []
+            for r in report.results:
+                if r.family != family:
+                    continue
+                if r.skipped:
+                    cell.append(f"[dim]{r.tensor_mode}: skipped[/dim]")
+                elif r.passed:
+                    cell.append(f"[green]{r.tensor_mode}: {r.examples} ok[/green]")
+                else:
+                    ids = ", ".join(sorted(set(r.caught_by)))
+                    cell.append(f"[red]{r.tensor_mode}: {r.failures}/{r.examples} failed ({ids})[/red]")
+            cells.append("\n".join(cell) or "[dim]n/a[/dim]")
+        table.add_row(report.backend, *cells, str(report.examples), f"{seconds:.1f}")
+    return table
+
+
+def junit_xml(reports: Sequence[tuple[ConformanceReport, float]]) -> str:
+    """One testsuite per backend, one testcase per (family, tensor mode)."""
+    root = ElementTree.Element("testsuites", name="specdec matrix")
+    for report, seconds in reports:
+        failures = sum(1 for r in report.results if not r.passed and not r.skipped)
+        skipped = sum(1 for r in report.results if r.skipped)
+        suite = ElementTree.SubElement(
+            root,
+            "testsuite",
+            name=report.backend,
+            tests=str(len(report.results)),
+            failures=str(failures),
+            skipped=str(skipped),
+            time=f"{seconds:.3f}",
+        )
+        for r in report.results:
+            case = ElementTree.SubElement(
+                suite,
+                "testcase",
+                classname=f"specdec.matrix.{report.backend}",
+                name=f"{r.family}[{r.tensor_mode}]",
+                time=f"{r.seconds:.3f}",
+            )
+            ElementTree.SubElement(case, "properties").extend(
+                [ElementTree.Element("property", name="examples", value=str(r.examples))]
+            )
+            if r.skipped:
+                ElementTree.SubElement(case, "skipped", message=r.skipped)
+            elif not r.passed:
+                failure = ElementTree.SubElement(
+                    case, "failure", message=f"{r.failures}/{r.examples} failed: {sorted(set(r.caught_by))}"
+                )
+                failure.text = r.first_failure
+    return ElementTree.tostring(root, encoding="unicode")
+
+
+def main(
+    backends: Sequence[str] | None,
+    *,
+    families: Sequence[str] | None = None,
+    examples: int = 300,
+    tensor_modes: Sequence[str] = TENSOR_MODES,
+    seed: int = 0,
+    json_path: str | None = None,
+    junit_path: str | None = None,
+) -> int:
+    console = Console()
+    chosen = list(backends) if backends else [b for b in BUILT_IN if b in available_backends()]
+    fams = list(families) if families else list(FAMILIES)
+    unknown = [f for f in fams if f not in FAMILIES] + [m for m in tensor_modes if m not in TENSOR_MODES]
+    if unknown:
+        console.print(
+            f"[red]unknown families or tensor modes {unknown}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
+        )
+        return 2
+    reports = run_matrix(
+        chosen, families=fams, examples=examples, tensor_modes=tensor_modes, seed=seed, console=console
+    )
+    console.print(render(reports, fams))
+    for report, seconds in reports:
+        rate = report.examples / seconds if seconds else 0.0
+        console.print(
+            f"{report.backend}: {report.examples} generated configurations in {seconds:.1f} s "
+            f"({rate:.1f}/s); {'all passed' if report.ok else 'FAILED: ' + ', '.join(report.violated)}"
+        )
+        for r in report.results:
+            if r.first_failure:
+                console.print(
+                    f"  [red]{r.family}[{r.tensor_mode}][/red] first failure (example {r.first_failure_example}): {r.first_failure}"
+                )
+    payload: dict[str, Any] = {
+        "seed": seed,
+        "examples_per_family": examples,
+        "backends": [report.as_dict() | {"seconds": seconds} for report, seconds in reports],
+    }
+    if json_path:
+        Path(json_path).write_text(json.dumps(payload, indent=2), encoding="utf-8")
+        console.print(f"wrote {json_path}")
+    if junit_path:
+        Path(junit_path).write_text(junit_xml(reports), encoding="utf-8")
+        console.print(f"wrote {junit_path}")
+    return 0 if all(report.ok for report, _ in reports) else 1

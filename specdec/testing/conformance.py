@@ -1,0 +1,424 @@
+"""The conformance suite: drive any ``Speculator`` factory through generated configuration families.
+
+A backend author hands ``check_backend`` the factory their backend is built
+from (``factory(target, **options) -> Speculator``, the entry-point shape).
+Each *family* is a Hypothesis strategy over whole DP runs that stresses one
+axis where padding bugs live: DP size with uneven and idle ranks, CUDA-graph
+mode and capture sizes, draft length, chunked prefill mixed with decode,
+forced acceptance patterns, sampled requests, and (for backends that take a
+``capacity`` option) DSpark-style capacities. Every example runs every rank's
+engine with contracts enforced and, for greedy requests, compares the output
+with plain decoding token for token. The report says, per family and tensor
+mode, how many examples were tried and which invariant (or mismatch, or
+crash) the first failing one hit.
+
+Tensor modes: ``cpu`` runs real CPU tensors in ``full`` contract mode (value
+contracts and exact losslessness); ``cuda`` runs the same on a real GPU and
+is skipped, never failed, without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, no_type_check
+
+import hypothesis
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import contracts
+from contracts import ContractViolation, CUDAGraphMode
+from specdec.dispatch import CaptureConfig
+from specdec.dp_group import DPCollectiveTimeout
+from specdec.engine import Engine, EngineConfig
+from specdec.model.config import ModelConfig
+from specdec.model.transformer import Transformer
+from specdec.sampling import SamplingParams
+from specdec.scheduler import SchedulerConfig
+from specdec.speculator import Proposal, Speculator, TargetStep
+from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
+
+Factory = Callable[..., Speculator]
+
+FAMILIES: dict[str, str] = {
+    "dp": "DP size 1/2/4/8 with uneven and idle ranks (eager: each rank keeps its own count)",
+    "graph": "CUDA-graph mode NONE/PIECEWISE/FULL with generated capture sizes, DP 1-2",
+    "draft-length": "draft length K = 1..8",
+    "chunked-prefill": "long prompts under a small token budget: prefill chunks mixed with decodes",
+    "acceptance": "forced all-accept / all-reject / random acceptance of the backend's drafts",
+    "sampling": "temperature, top-k and top-p requests mixed with greedy ones (contracts only for sampled rows)",
+    "capacity": "draft capacities by threshold and by budget (backends with a `capacity` option)",
+}
+TENSOR_MODES = ("cpu", "cuda")
+MODEL = ModelConfig.tiny()
+"""The matrix's target: 2 layers, hidden 32, vocabulary 96 — small enough for thousands of runs."""
+
+
+# -- one example -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated configuration: a DP run plus the backend options and the acceptance pattern to force."""
+
+    family: str
+    run: DPRunSpec
+    options: Mapping[str, Any]
+    acceptance: str | None = None
+    """``all-accept``, ``all-reject``, ``random`` or None (the backend's own drafts are verified)."""
+
+    def describe(self) -> str:
+        ranks = "/".join(str(len(r)) for r in self.run.requests)
+        cap = self.run.engine.capture
+        return (
+            f"family={self.family} dp={self.run.dp_size} requests/rank={ranks} mode={cap.mode.name} "
+            f"capture_sizes={list(cap.capture_sizes)} budget={self.run.engine.scheduler.max_num_batched_tokens} "
+            f"options={dict(self.options)} acceptance={self.acceptance} seed={self.run.model_seed}"
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one example did: ``ok``, or the invariant ID / ``mismatch`` / exception type that stopped it."""
+
+    ok: bool
+    caught_by: str | None = None
+    message: str = ""
+
+
+class AcceptanceRewrite:
+    """Forces an acceptance pattern by rewriting checked drafts against the plain greedy continuation.
+
+    The backend's proposal is checked first (by the engine), then greedy rows'
+    drafts are replaced: the token plain decoding emits at that position
+    (accepted), or a different one (rejected). The backend keeps drafting from
+    whatever the target committed, so it meets long accepted runs and
+    immediate rejections it would rarely produce on a random target.
+    """
+
+    def __init__(self, pattern: str, sequences: Mapping[str, Sequence[int]], vocab: int, seed: int) -> None:
+        if pattern not in ("all-accept", "all-reject", "random"):
+            raise ValueError(f"unknown acceptance pattern {pattern!r}; expected all-accept, all-reject or random")
+        self.pattern = pattern
+        self.sequences = sequences
+        self.vocab = vocab
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def __call__(self, step: TargetStep, proposal: Proposal) -> Proposal:
+        if proposal.draft_probs is not None:
+            return proposal  # sampled drafts keep their own proposal distribution
+        ids = proposal.draft_token_ids.clone()
+        for r, n in enumerate(proposal.num_drafts):
+            seq = self.sequences.get(step.scheduled[r].req_id)
+            if not n or seq is None or not step.params[r].greedy:
+                continue
+            for j in range(n):
+                at = step.base_positions[r] + 2 + j  # P + 1 holds the token just sampled
+                want = seq[at] if at < len(seq) else int(ids[r, j])
+                accept = self.pattern == "all-accept" or (
+                    self.pattern == "random" and bool(torch.rand((), generator=self.rng) < 0.5)
+                )
+                ids[r, j] = want if accept else (want + 1) % self.vocab
+        return dataclasses.replace(proposal, draft_token_ids=ids)
+
+
+def run_case(
+    factory: Factory, case: Case, *, device: str = "cpu", mode: str = "full", timeout_s: float = 20.0
+) -> Outcome:
+    """Run one configuration on every rank; compare greedy outputs with plain decoding."""
+    spec = dataclasses.replace(
+        case.run, speculator=lambda target: factory(target, **case.options), device=device, engine_hook=None
+    )
+    plain = plain_outputs(spec)
+    if case.acceptance is not None:
+        prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
+        sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
+        pattern, seed = case.acceptance, spec.model_seed
+
+        def hook(engine: Engine) -> None:
+            engine.draft_rewrite = AcceptanceRewrite(pattern, sequences, spec.model.vocab_size, seed)
+
+        spec = dataclasses.replace(spec, engine_hook=hook)
+    try:
+        with contracts.enforce(mode):
+            results = run_in_process(spec, timeout_s=timeout_s)
+    except ContractViolation as e:
+        return Outcome(False, e.invariant_id, str(e))
+    except DPCollectiveTimeout as e:
+        return Outcome(False, "DPCollectiveTimeout", str(e))
+    except Exception as e:  # a crash is a finding too: report it, do not hide it
+        return Outcome(False, type(e).__name__, "".join(traceback.format_exception_only(e)).strip())
+    out = merged(results)
+    greedy = {r.req_id for rank in spec.requests for r in rank if r.params.greedy}
+    wrong = sorted(rid for rid in greedy if out.get(rid) != plain.get(rid))
+    missing = sorted({r.req_id for rank in spec.requests for r in rank} - set(out))
+    if wrong or missing:
+        detail = "; ".join(f"{rid}: {out.get(rid)} != plain {plain.get(rid)}" for rid in wrong[:3])
+        return Outcome(False, "mismatch", f"requests {wrong} differ from plain decoding, {missing} lost. {detail}")
+    return Outcome(True)
+
+
+# -- the families ------------------------------------------------------------------------------------------------
+
+
+@st.composite
+@no_type_check
+def _requests(
+    draw: st.DrawFn,
+    dp: int,
+    *,
+    max_reqs: int = 3,
+    prompt: tuple[int, int] = (1, 8),
+    max_tokens: tuple[int, int] = (1, 6),
+    sampled: bool = False,
+) -> tuple[tuple[RequestSpec, ...], ...]:
+    """Per-rank requests; rank 0 always has one, others may idle, counts differ between ranks."""
+    ranks = []
+    for rank in range(dp):
+        n = draw(st.integers(0 if rank else 1, max_reqs))
+        reqs = []
+        for i in range(n):
+            params = SamplingParams(temperature=0.0)
+            if sampled and draw(st.booleans()):
+                params = SamplingParams(
+                    temperature=draw(st.sampled_from([0.5, 1.0])),
+                    top_k=draw(st.none() | st.integers(1, 8)),
+                    top_p=draw(st.none() | st.sampled_from([0.5, 0.9])),
+                )
+            reqs.append(
+                RequestSpec(
+                    f"r{rank}.{i}",
+                    tuple(draw(st.lists(st.integers(0, MODEL.vocab_size - 1), min_size=prompt[0], max_size=prompt[1]))),
+                    max_tokens=draw(st.integers(*max_tokens)),
+                    params=params,
+                )
+            )
+        ranks.append(tuple(reqs))
+    return tuple(ranks)
+
+
+def _engine(budget: int, block_size: int, capture: CaptureConfig) -> EngineConfig:
+    return EngineConfig(
+        num_blocks=96,
+        block_size=block_size,
+        capture=capture,
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=48),
+    )
+
+
+@st.composite
+@no_type_check
+def family_cases(draw: st.DrawFn, family: str, options: Mapping[str, Any] | None = None) -> Case:
+    """One example of ``family``; ``options`` are extra backend options fixed for the whole run."""
+    base = dict(options or {})
+    k = draw(st.integers(1, 4))
+    dp, mode, acceptance = 1, CUDAGraphMode.NONE, None
+    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    budget = draw(st.integers(8, 32))
+    req_kw: dict[str, Any] = {}
+    if family == "dp":
+        dp = draw(st.sampled_from([1, 2, 4, 8]))
+        req_kw = {"max_reqs": 3 if dp <= 2 else 2, "max_tokens": (1, 4)}
+    elif family == "graph":
+        dp = draw(st.sampled_from([1, 2]))
+        mode = draw(st.sampled_from(list(CUDAGraphMode)))
+        sizes = tuple(sorted(draw(st.sets(st.integers(1, 40), min_size=1, max_size=5))))
+    elif family == "draft-length":
+        k = draw(st.integers(1, 8))
+        dp = draw(st.sampled_from([1, 2]))
+    elif family == "chunked-prefill":
+        budget = draw(st.integers(3, 10))
+        req_kw = {"prompt": (4, 20), "max_reqs": 4}
+    elif family == "acceptance":
+        acceptance = draw(st.sampled_from(["all-accept", "all-reject", "random"]))
+        k = draw(st.integers(1, 6))
+        req_kw = {"max_tokens": (2, 12)}
+    elif family == "sampling":
+        req_kw = {"sampled": True}
+    elif family == "capacity":
+        choice = draw(st.sampled_from(["threshold", "budget", "full"]))
+        base["capacity"] = choice
+        if choice == "threshold":
+            base["tau"] = draw(st.floats(0.0, 1.0))
+        elif choice == "budget":
+            base["c0"] = draw(st.floats(0.1, 4.0))
+            base["c1"] = draw(st.floats(0.0, 1.0))
+    else:
+        raise ValueError(f"unknown configuration family {family!r}; known: {sorted(FAMILIES)}")
+    requests = draw(_requests(dp, **req_kw))
+    engine = _engine(budget, draw(st.sampled_from([2, 4, 8])), CaptureConfig(mode=mode, capture_sizes=sizes))
+    run = DPRunSpec(MODEL, draw(st.integers(0, 3)), engine, requests)
+    return Case(family, run, {"num_spec_tokens": k, **base}, acceptance)
+
+
+# -- a whole family, and the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class FamilyResult:
+    """One family in one tensor mode."""
+
+    family: str
+    tensor_mode: str
+    examples: int = 0
+    failures: int = 0
+    caught_by: list[str] = field(default_factory=list)
+    """Invariant IDs (or ``mismatch`` / exception types) of failing examples, in the order they failed."""
+    first_failure: str | None = None
+    first_failure_example: int | None = None
+    """1-based index of the first failing example."""
+    seconds: float = 0.0
+    skipped: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.skipped is None and self.failures == 0
+
+    @property
+    def status(self) -> str:
+        return "skipped" if self.skipped else ("passed" if self.passed else "failed")
+
+
+@dataclass
+class ConformanceReport:
+    backend: str
+    results: list[FamilyResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.passed or r.skipped for r in self.results)
+
+    @property
+    def examples(self) -> int:
+        return sum(r.examples for r in self.results)
+
+    @property
+    def violated(self) -> list[str]:
+        return sorted({c for r in self.results for c in r.caught_by})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "ok": self.ok,
+            "examples": self.examples,
+            "results": [dataclasses.asdict(r) | {"status": r.status} for r in self.results],
+        }
+
+
+def supports_option(factory: Factory, option: str) -> bool:
+    """Whether the factory names ``option`` (DSpark's ``capacity``); ``**kwargs`` alone does not count."""
+    import inspect
+
+    try:
+        return option in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_family(
+    factory: Factory,
+    family: str,
+    *,
+    examples: int,
+    tensor_mode: str = "cpu",
+    seed: int = 0,
+    stop_at_first_failure: bool = False,
+    options: Mapping[str, Any] | None = None,
+    on_example: Callable[[FamilyResult], None] | None = None,
+    timeout_s: float = 20.0,
+) -> FamilyResult:
+    """Up to ``examples`` generated configurations of one family, reproducible from ``seed``."""
+    result = FamilyResult(family, tensor_mode)
+    if tensor_mode not in TENSOR_MODES:
+        raise ValueError(f"unknown tensor mode {tensor_mode!r}; known: {TENSOR_MODES}")
+    if tensor_mode == "cuda" and not torch.cuda.is_available():
+        result.skipped = "no CUDA device"
+        return result
+    if family == "capacity" and not supports_option(factory, "capacity"):
+        result.skipped = "the backend takes no `capacity` option"
+        return result
+    start = time.perf_counter()
+
+    class _Stop(Exception):
+        pass
+
+    stopped: list[bool] = []
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    @hypothesis.seed(seed)
+    @given(family_cases(family, options))
+    def explore(case: Case) -> None:
+        if stopped:  # Hypothesis replays the failing example once more before raising: not a new example
+            raise _Stop
+        result.examples += 1
+        outcome = run_case(factory, case, device=tensor_mode, timeout_s=timeout_s)
+        if not outcome.ok:
+            result.failures += 1
+            result.caught_by.append(outcome.caught_by or "?")
+            if result.first_failure is None:
+                result.first_failure = f"{outcome.caught_by}: {outcome.message}\n  example: {case.describe()}"
+                result.first_failure_example = result.examples
+            if stop_at_first_failure:
+                stopped.append(True)
+                raise _Stop
+        if on_example is not None:
+            on_example(result)
+
+    with contextlib.suppress(_Stop):
+        explore()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def check_backend(
+    factory: Factory,
+    *,
+    name: str | None = None,
+    families: Sequence[str] | None = None,
+    examples: int | Mapping[str, int] = 50,
+    tensor_modes: Sequence[str] = ("cpu", "cuda"),
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+    stop_at_first_failure: bool = False,
+    on_example: Callable[[FamilyResult], None] | None = None,
+) -> ConformanceReport:
+    """Run the conformance suite against ``factory`` and return a structured report (never raises on findings)."""
+    chosen = list(families) if families is not None else list(FAMILIES)
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown configuration families {unknown}; known: {sorted(FAMILIES)}")
+    results = []
+    for tensor_mode in tensor_modes:
+        for family in chosen:
+            n = examples if isinstance(examples, int) else examples.get(family, 50)
+            results.append(
+                run_family(
+                    factory,
+                    family,
+                    examples=n,
+                    tensor_mode=tensor_mode,
+                    seed=seed,
+                    stop_at_first_failure=stop_at_first_failure,
+                    options=options,
+                    on_example=on_example,
+                )
+            )
+    return ConformanceReport(name or str(getattr(factory, "__name__", repr(factory))), results)
+
+
+def build(factory: Factory, **options: Any) -> Speculator:
+    """Build a backend on the matrix's target (for smoke checks before a long run)."""
+    return factory(Transformer(MODEL, seed=0), **options)

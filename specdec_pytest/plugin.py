@@ -1,0 +1,98 @@
+"""One pytest item per (backend, configuration family, tensor mode) of the conformance suite.
+
+``pytest --specdec-backend my_pkg:make_speculator`` (or an installed backend's
+name) adds items with ids like ``specdec[ngram]::dp[cpu]``; each runs
+``specdec.testing.conformance.run_family`` and fails with the invariant ID,
+the violation and the generated configuration of the first failing example.
+``cuda`` items are skipped without a GPU, never failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("specdec", "specdec backend conformance suite")
+    group.addoption(
+        "--specdec-backend",
+        action="append",
+        default=[],
+        metavar="NAME|module:factory",
+        help="run the conformance suite against this backend (repeatable)",
+    )
+    group.addoption("--specdec-examples", type=int, default=25, help="generated configurations per family (default 25)")
+    group.addoption(
+        "--specdec-families", default=None, help="comma-separated families (default: all); see specdec matrix --help"
+    )
+    group.addoption("--specdec-tensor-modes", default="cpu,cuda", help="comma-separated: cpu, cuda (default both)")
+    group.addoption("--specdec-seed", type=int, default=0, help="seed of the generated configurations")
+
+
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those select conformance items too
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    backends: list[str] = config.getoption("specdec_backend")
+    if not backends:
+        return
+    from specdec.testing.conformance import FAMILIES, TENSOR_MODES
+
+    families = _split(config.getoption("specdec_families")) or list(FAMILIES)
+    modes = _split(config.getoption("specdec_tensor_modes")) or list(TENSOR_MODES)
+    bad = [f for f in families if f not in FAMILIES] + [m for m in modes if m not in TENSOR_MODES]
+    if bad:
+        raise pytest.UsageError(
+            f"unknown specdec families/tensor modes {bad}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
+        )
+    for backend in backends:
+        for mode in modes:
+            for family in families:
+                items.append(
+                    ConformanceItem.from_parent(
+                        session, name=f"specdec[{backend}]::{family}[{mode}]", backend=backend, family=family, mode=mode
+                    )
+                )
+
+
+class ConformanceFailure(Exception):
+    """A backend broke a contract, crashed, or differed from plain decoding on a generated configuration."""
+
+
+class ConformanceItem(pytest.Item):
+    def __init__(self, *, backend: str, family: str, mode: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.backend, self.family, self.mode = backend, family, mode
+
+    def runtest(self) -> None:
+        from specdec.backend_registry import factory_for
+        from specdec.testing.conformance import run_family
+
+        config = self.config
+        result = run_family(
+            factory_for(self.backend),
+            self.family,
+            examples=config.getoption("specdec_examples"),
+            tensor_mode=self.mode,
+            seed=config.getoption("specdec_seed"),
+            stop_at_first_failure=True,
+        )
+        if result.skipped:
+            pytest.skip(f"{self.family}[{self.mode}]: {result.skipped}")
+        if not result.passed:
+            raise ConformanceFailure(
+                f"{self.backend} failed family {self.family!r} ({self.mode}) at generated example "
+                f"{result.first_failure_example} of {result.examples}: {result.first_failure}"
+            )
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return "specdec conformance", None, self.name
