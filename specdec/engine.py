@@ -251,6 +251,7 @@ class Engine:
                 drafting=tuple(drafting),
                 params=tuple(it.request.params for it in items),
                 committed_lengths=committed,
+                query_token_ids=tuple(tuple(it.query_tokens) for it in items),
             )
             proposal = self.speculator.propose(step, self.draft_ctx)
             check_proposal(proposal, step, self.speculator)

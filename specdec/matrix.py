@@ -8,14 +8,17 @@ figures the project tracks.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specdec.backend_registry import available_backends, factory_for
@@ -31,6 +34,19 @@ from specdec.testing.conformance import (
 BUILT_IN = ("eagle", "draft-model", "dflash", "dspark")
 
 
+def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int, queue: Any) -> FamilyResult:
+    """One (backend, family, tensor mode) cell in a worker process; progress goes back through ``queue``."""
+    import torch
+
+    torch.set_num_threads(1)  # tiny models: one thread per worker process beats intra-op threads
+    key = (backend, family, mode)
+
+    def report(r: FamilyResult) -> None:
+        queue.put((key, r.examples))
+
+    return run_family(factory_for(backend), family, examples=examples, tensor_mode=mode, seed=seed, on_example=report)
+
+
 def run_matrix(
     backends: Sequence[str],
     *,
@@ -39,39 +55,68 @@ def run_matrix(
     tensor_modes: Sequence[str],
     seed: int,
     console: Console,
+    workers: int,
 ) -> list[tuple[ConformanceReport, float]]:
-    """Every (backend, tensor mode, family) cell, with a progress bar over generated examples."""
+    """Every (backend, tensor mode, family) cell, cells of one backend spread over ``workers`` processes.
+
+    Rank threads of one run share the GIL, so processes are what use a
+    second core; each backend's wall time is measured over its own cells.
+    """
+    if workers <= 1:
+        return _run_matrix_here(backends, families=families, examples=examples, tensor_modes=tensor_modes, seed=seed)
     reports: list[tuple[ConformanceReport, float]] = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    context = multiprocessing.get_context("spawn")
+    with (
+        context.Manager() as manager,
+        ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
+        queue = manager.Queue()
         for backend in backends:
             factory = factory_for(backend)
             cells = [
-                (mode, family)
+                (family, mode)
                 for mode in tensor_modes
                 for family in families
                 if family != "capacity" or supports_option(factory, "capacity")
             ]
-            task = progress.add_task(backend, total=examples * len(cells))
+            task = progress.add_task(f"{backend} ({workers} workers)", total=examples * len(cells))
+            done: dict[tuple[str, str, str], int] = {}
             start = time.perf_counter()
-            results: list[FamilyResult] = []
-            for mode, family in cells:
-                done_before = progress.tasks[task].completed
-                progress.update(task, description=f"{backend}: {family} [{mode}]")
-
-                def advance(r: FamilyResult, t: TaskID = task, base: float = done_before) -> None:
-                    progress.update(t, completed=base + r.examples)
-
-                result = run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed, on_example=advance)
-                progress.update(task, completed=done_before + examples)
-                results.append(result)
+            futures = [pool.submit(_run_cell, backend, f, m, examples, seed, queue) for f, m in cells]
+            while not all(f.done() for f in futures):
+                wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
+                while not queue.empty():
+                    key, count = queue.get()
+                    done[key] = count
+                progress.update(task, completed=sum(done.values()))
+            results = [f.result() for f in futures]
             reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
+    return reports
+
+
+def _run_matrix_here(
+    backends: Sequence[str], *, families: Sequence[str], examples: int, tensor_modes: Sequence[str], seed: int
+) -> list[tuple[ConformanceReport, float]]:
+    """The one-worker matrix, in this process (no pool to start: tests and debugging)."""
+    reports = []
+    for backend in backends:
+        factory = factory_for(backend)
+        start = time.perf_counter()
+        results = [
+            run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed)
+            for mode in tensor_modes
+            for family in families
+            if family != "capacity" or supports_option(factory, "capacity")
+        ]
+        reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
     return reports
 
 
@@ -146,6 +191,7 @@ def main(
     seed: int = 0,
     json_path: str | None = None,
     junit_path: str | None = None,
+    workers: int | None = None,
 ) -> int:
     console = Console()
     chosen = list(backends) if backends else [b for b in BUILT_IN if b in available_backends()]
@@ -156,8 +202,9 @@ def main(
             f"[red]unknown families or tensor modes {unknown}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
         )
         return 2
+    workers = workers or os.cpu_count() or 1
     reports = run_matrix(
-        chosen, families=fams, examples=examples, tensor_modes=tensor_modes, seed=seed, console=console
+        chosen, families=fams, examples=examples, tensor_modes=tensor_modes, seed=seed, console=console, workers=workers
     )
     console.print(render(reports, fams))
     for report, seconds in reports:
@@ -174,6 +221,7 @@ def main(
     payload: dict[str, Any] = {
         "seed": seed,
         "examples_per_family": examples,
+        "workers": workers,
         "backends": [report.as_dict() | {"seconds": seconds} for report, seconds in reports],
     }
     if json_path:

@@ -64,6 +64,9 @@ class TargetStep:
     drafting: tuple[bool, ...]
     params: tuple[SamplingParams, ...]
     committed_lengths: Mapping[str, int]
+    query_token_ids: tuple[tuple[int, ...], ...] = ()
+    """Each request's query tokens on the host, as the scheduler built them (``input_ids`` holds the same on
+    the device): a drafter that needs token values (prompt lookup) reads them here without a device sync."""
 
     @property
     def num_reqs(self) -> int:

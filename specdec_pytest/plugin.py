@@ -27,7 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--specdec-families", default=None, help="comma-separated families (default: all); see specdec matrix --help"
     )
-    group.addoption("--specdec-tensor-modes", default="cpu,cuda", help="comma-separated: cpu, cuda (default both)")
+    group.addoption(
+        "--specdec-tensor-modes",
+        default="cpu,fake-cuda,cuda",
+        help="comma-separated: cpu, fake-cuda, cuda (default all)",
+    )
     group.addoption("--specdec-seed", type=int, default=0, help="seed of the generated configurations")
 
 

@@ -198,7 +198,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
                 num_reqs=m,
                 num_tokens=m,
                 meta=meta,
-                input_ids=padded_rows(ids.tolist(), desc.num_tokens, device),
+                input_ids=_pad_ids(ids, desc.num_tokens),
                 positions=padded_rows(pos, desc.num_tokens, device),
                 block_size=kv.block_size,
                 max_model_len=max_len,
@@ -228,6 +228,13 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(logits.dtype)
         q = probabilities(logits, params)
         return sample(q, self.generator), q
+
+
+def _pad_ids(ids: Int[Tensor, " n"], rows: int) -> Int[Tensor, " rows"]:
+    """Drafted ids padded to the model rows on the device: no host copy of the drafts inside the loop."""
+    out = ids.new_zeros(rows)
+    out[: ids.shape[0]] = ids
+    return out
 
 
 def _pad_features(x: Float[Tensor, "n hidden"], rows: int) -> Float[Tensor, "rows hidden"]:

@@ -173,13 +173,20 @@ class DFlashNetwork(nn.Module):
         features: Float[Tensor, "num_tokens feat"] | None,
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
+        context_lens: Sequence[int] | None = None,
     ) -> DraftOutput:
-        """One block pass over ``desc.num_tokens`` model rows; attention over ``meta.num_tokens_padded`` rows."""
+        """One block pass over ``desc.num_tokens`` model rows; attention over ``meta.num_tokens_padded`` rows.
+
+        ``context_lens`` (committed tokens per drafting request) is host data the
+        scheduler knows; without it they are read off the block's first
+        positions, a device-to-host copy (a sync on a GPU).
+        """
         del features  # DFlash's context arrives through the cache (KV injection), not per row
         q_width = meta.query_width or 1
-        starts = torch.arange(meta.num_reqs, device=positions.device) * q_width
-        # The bonus sits right after the committed context, and is never clamped: a drafting request has room for it.
-        context_lens = [int(p) for p in positions[starts].tolist()]
+        if context_lens is None:
+            starts = torch.arange(meta.num_reqs, device=positions.device) * q_width
+            # The bonus sits right after the committed context, never clamped: a drafting request has room for it.
+            context_lens = [int(p) for p in positions[starts].tolist()]
         x0 = self.embed_block(input_ids)
         x = x0
         for layer in self.decoder_layers():

@@ -56,6 +56,8 @@ class BlockStep:
 
     network: DFlashNetwork
     context: ContextInjection
+    context_lens: tuple[int, ...]
+    """Committed tokens per drafting request (host data: the block attends to them without a device read)."""
 
     def __call__(
         self,
@@ -78,6 +80,7 @@ class BlockStep:
             features=features,
             dp_group=dp_group,
             num_tokens_across_dp=num_tokens_across_dp,
+            context_lens=self.context_lens,
         )
         return out
 
@@ -182,7 +185,11 @@ class DFlashSpeculator(DraftCacheOwner):
         inputs = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
         facts = self._block_facts(desc, meta, base, context, ctx.max_model_len, inputs)
         out = ctx.forward(
-            BlockStep(self.network, context), StepKind.DRAFT_BLOCK, facts, self.storage, num_tokens_across_dp=across
+            BlockStep(self.network, context, tuple(p + 1 for p in base)),
+            StepKind.DRAFT_BLOCK,
+            facts,
+            self.storage,
+            num_tokens_across_dp=across,
         )
         self._commit(step)
         return drafting, out, desc, tokens

@@ -100,7 +100,9 @@ class DSparkSpeculator(DFlashSpeculator):
             if handed is not probs:
                 draft_probs = torch.zeros_like(sampled_from)
                 draft_probs[drafting] = handed
-        counts = dict(zip(drafting, capacity.tolist(), strict=True))
+        # The scheduler needs host counts: all K without a device read, else one (m,) copy per step.
+        host = [k] * m if self.capacity == "full" else capacity.tolist()
+        counts = dict(zip(drafting, host, strict=True))
         return Proposal(
             draft_token_ids=tokens,
             num_drafts=tuple(counts.get(r, 0) for r in range(step.num_reqs)),

@@ -13,8 +13,15 @@ mode, how many examples were tried and which invariant (or mismatch, or
 crash) the first failing one hit.
 
 Tensor modes: ``cpu`` runs real CPU tensors in ``full`` contract mode (value
-contracts and exact losslessness); ``cuda`` runs the same on a real GPU and
-is skipped, never failed, without one.
+contracts and exact losslessness); ``fake-cuda`` runs the CPU example while
+recording every call the engine made into the backend, then replays those calls
+on a backend bound to a data-less device target in ``shapes`` mode: ``cuda``
+under ``FakeTensorMode`` where torch has CUDA built in, the ``meta`` device on
+a CPU-only build (see ``replay_device``). That is the GPU path's shapes,
+devices and step counts with no data and no GPU: a value read on the drafting
+path (a hidden device sync) or a host tensor mixed into device compute fails
+there; ``cuda`` runs the CPU checks on a real GPU and is skipped, never
+failed, without one.
 """
 
 from __future__ import annotations
@@ -35,13 +42,13 @@ from hypothesis import strategies as st
 import contracts
 from contracts import ContractViolation, CUDAGraphMode
 from specdec.dispatch import CaptureConfig
-from specdec.dp_group import DPCollectiveTimeout
+from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig
 from specdec.model.config import ModelConfig
-from specdec.model.transformer import Transformer
+from specdec.model.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
-from specdec.speculator import Proposal, Speculator, TargetStep
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
 
 Factory = Callable[..., Speculator]
@@ -55,7 +62,7 @@ FAMILIES: dict[str, str] = {
     "sampling": "temperature, top-k and top-p requests mixed with greedy ones (contracts only for sampled rows)",
     "capacity": "draft capacities by threshold and by budget (backends with a `capacity` option)",
 }
-TENSOR_MODES = ("cpu", "cuda")
+TENSOR_MODES = ("cpu", "fake-cuda", "cuda")
 MODEL = ModelConfig.tiny()
 """The matrix's target: 2 layers, hidden 32, vocabulary 96 — small enough for thousands of runs."""
 
@@ -129,12 +136,21 @@ class AcceptanceRewrite:
 
 
 def run_case(
-    factory: Factory, case: Case, *, device: str = "cpu", mode: str = "full", timeout_s: float = 20.0
+    factory: Factory, case: Case, *, tensor_mode: str = "cpu", mode: str = "full", timeout_s: float = 20.0
 ) -> Outcome:
-    """Run one configuration on every rank; compare greedy outputs with plain decoding."""
-    spec = dataclasses.replace(
-        case.run, speculator=lambda target: factory(target, **case.options), device=device, engine_hook=None
-    )
+    """Run one configuration on every rank; compare greedy outputs with plain decoding (and replay on fake cuda)."""
+    recorders: list[_Recorder] = []
+
+    def build(target: Transformer) -> Speculator:
+        speculator = factory(target, **case.options)
+        if tensor_mode != "fake-cuda":
+            return speculator
+        recorder = _Recorder(speculator)
+        recorders.append(recorder)
+        return recorder  # type: ignore[return-value]
+
+    device = "cuda" if tensor_mode == "cuda" else "cpu"
+    spec = dataclasses.replace(case.run, speculator=build, device=device, engine_hook=None)
     plain = plain_outputs(spec)
     if case.acceptance is not None:
         prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
@@ -154,6 +170,16 @@ def run_case(
         return Outcome(False, "DPCollectiveTimeout", str(e))
     except Exception as e:  # a crash is a finding too: report it, do not hide it
         return Outcome(False, type(e).__name__, "".join(traceback.format_exception_only(e)).strip())
+    if tensor_mode == "fake-cuda":
+        by_rank = sorted(recorders, key=lambda r: r.rank)  # rank threads build their recorders in any order
+        try:
+            replay_on_fake_cuda(factory, case, [r.events for r in by_rank], timeout_s)
+        except ContractViolation as e:
+            return Outcome(False, e.invariant_id, f"fake-cuda replay: {e}")
+        except Exception as e:
+            return Outcome(
+                False, type(e).__name__, "fake-cuda replay: " + "".join(traceback.format_exception_only(e)).strip()
+            )
     out = merged(results)
     greedy = {r.req_id for rank in spec.requests for r in rank if r.params.greedy}
     wrong = sorted(rid for rid in greedy if out.get(rid) != plain.get(rid))
@@ -162,6 +188,117 @@ def run_case(
         detail = "; ".join(f"{rid}: {out.get(rid)} != plain {plain.get(rid)}" for rid in wrong[:3])
         return Outcome(False, "mismatch", f"requests {wrong} differ from plain decoding, {missing} lost. {detail}")
     return Outcome(True)
+
+
+# -- fake CUDA: replay the engine's calls into a backend bound to a fake-cuda target -----------------------------
+
+
+class _Recorder:
+    """Passes every call through to the backend and keeps the (propose / finish) calls for a replay."""
+
+    def __init__(self, inner: Speculator) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.num_spec_tokens = inner.num_spec_tokens
+        self.draft_step_kinds = inner.draft_step_kinds
+        self.aux_layers = inner.aux_layers
+        self.events: list[tuple[str, Any]] = []
+        self.rank = 0
+
+    def bind(self, target: Transformer, ctx: DraftContext) -> None:
+        self.rank = ctx.dp_group.rank if ctx.dp_group is not None else 0
+        self.inner.bind(target, ctx)
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        self.events.append(("propose", step))
+        return self.inner.propose(step, ctx)
+
+    def finish(self, req_id: str) -> None:
+        self.events.append(("finish", req_id))
+        self.inner.finish(req_id)
+
+
+class _HostSyncContext(DraftContext):
+    """The DP sync exchanges host integers (a CPU collective in production), so it runs on real tensors."""
+
+    def sync(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # a no-op outside FakeTensorMode (the meta replay)
+            return super().sync(*args, **kwargs)
+
+
+def replay_device() -> str:
+    """``cuda`` under ``FakeTensorMode`` where torch is built with CUDA; ``meta`` on a CPU-only build.
+
+    A CPU-only torch cannot copy host data into a fake ``cuda`` tensor (its
+    device guard is missing), and host-to-device copies are everywhere in a
+    drafter's step. ``meta`` keeps what the replay is for: no data, so any value
+    read (a hidden sync) fails, and mixing host and device tensors in compute
+    fails as it would on a GPU.
+    """
+    return "cuda" if torch.backends.cuda.is_built() else "meta"
+
+
+def _to_device_step(step: TargetStep, move: Callable[[torch.Tensor], torch.Tensor]) -> TargetStep:
+    output = ModelOutput(move(step.output.hidden_states), tuple(move(a) for a in step.output.aux_hidden_states))
+    return dataclasses.replace(step, input_ids=move(step.input_ids), positions=move(step.positions), output=output)
+
+
+def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[str, Any]], engine: EngineConfig) -> None:
+    """One rank's recorded calls on a data-less device target, contracts in ``shapes`` mode, proposals checked."""
+    device = replay_device()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contracts.enforce("shapes"))
+        if device == "cuda":
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+
+            def move(t: torch.Tensor) -> torch.Tensor:
+                return mode.from_tensor(t).to("cuda")
+        else:
+
+            def move(t: torch.Tensor) -> torch.Tensor:
+                return t.to("meta")
+
+        target = Transformer(case.run.model, seed=case.run.model_seed, device=device, draw_weights=False)
+        speculator = factory(target, **case.options)
+        ctx = _HostSyncContext(
+            backend=speculator.name,
+            step_kinds=speculator.draft_step_kinds,
+            capture=engine.capture,
+            dp_group=group,
+            block_size=engine.block_size,
+            num_blocks=engine.num_blocks,
+            max_model_len=engine.scheduler.max_model_len,
+            max_num_seqs=engine.scheduler.max_num_seqs,
+        )
+        speculator.bind(target, ctx)
+        for kind, payload in events:
+            if kind == "finish":
+                speculator.finish(payload)
+                continue
+            step = _to_device_step(payload, move)
+            proposal = speculator.propose(step, ctx)
+            check_proposal(proposal, step, speculator, component=f"{device} replay")
+            placed = {t.device.type for t in (proposal.draft_token_ids, proposal.draft_probs) if t is not None}
+            if placed != {device}:
+                raise RuntimeError(f"the proposal of a {device} target's step lives on {sorted(placed)}")
+
+
+def replay_on_fake_cuda(
+    factory: Factory, case: Case, recorded: Sequence[list[tuple[str, Any]]], timeout_s: float
+) -> None:
+    """Replay every rank's recorded calls together (their DP syncs must line up exactly as on the CPU)."""
+    engine = case.run.engine
+    if len(recorded) == 1:
+        _replay_rank(None, factory, case, recorded[0], engine)
+        return
+    run_ranks(
+        lambda g: _replay_rank(g, factory, case, recorded[g.rank], engine),
+        in_process_world(len(recorded), timeout_s=timeout_s),
+    )
 
 
 # -- the families ------------------------------------------------------------------------------------------------
@@ -343,6 +480,11 @@ def run_family(
     if family == "capacity" and not supports_option(factory, "capacity"):
         result.skipped = "the backend takes no `capacity` option"
         return result
+    if family == "capacity" and tensor_mode == "fake-cuda":
+        # Truncating capacities decide from device values and the scheduler needs the counts on the host: one
+        # device-to-host copy per step by design, which a data-less replay cannot make.
+        result.skipped = "capacities are data-dependent (one host read of the counts per step by design)"
+        return result
     start = time.perf_counter()
 
     class _Stop(Exception):
@@ -364,7 +506,7 @@ def run_family(
         if stopped:  # Hypothesis replays the failing example once more before raising: not a new example
             raise _Stop
         result.examples += 1
-        outcome = run_case(factory, case, device=tensor_mode, timeout_s=timeout_s)
+        outcome = run_case(factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s)
         if not outcome.ok:
             result.failures += 1
             result.caught_by.append(outcome.caught_by or "?")
@@ -389,7 +531,7 @@ def check_backend(
     name: str | None = None,
     families: Sequence[str] | None = None,
     examples: int | Mapping[str, int] = 50,
-    tensor_modes: Sequence[str] = ("cpu", "cuda"),
+    tensor_modes: Sequence[str] = TENSOR_MODES,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     stop_at_first_failure: bool = False,

@@ -65,13 +65,11 @@ class NgramSpeculator:
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
         del ctx  # no draft forward, no draft DP sync
         k = self.num_spec_tokens
-        # One host read of the step's real query tokens (a device sync on GPU; padded rows are skipped).
-        query_ids: list[int] = step.input_ids[: step.num_tokens].tolist()
         rows: list[list[int]] = []
         counts: list[int] = []
         start = 0
         for r, sched in enumerate(step.scheduled):
-            query = query_ids[start : start + sched.query_len]
+            query = list(step.query_token_ids[r])  # host tokens: no device read, so no sync on a GPU
             history = self._commit(sched, query, step.last_valid[r] - start, step.base_positions[r])
             start += sched.query_len
             drafts = (
