@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.registry import Invariant, all_invariants
+from contracts.registry import Invariant, StepKind, all_invariants
 
 _TAG_MEANING = {
     "S": "shape or host integer; free, checked in `shapes` and `full`",
@@ -46,6 +46,20 @@ def render_markdown() -> str:
             f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {backends} | "
             f"{'yes' if inv.wired else 'not yet'} | {cause} |"
         )
+    lines += [
+        "",
+        "## By step kind",
+        "",
+        "What a backend's calls are checked against: a drafter declares the step kinds it runs",
+        "(`draft_step_kinds`), `DraftContext.forward` checks each forward against its kind, and the",
+        "engine checks every proposal against the drafter's kind.",
+        "",
+        "| step kind | invariants |",
+        "| --- | --- |",
+    ]
+    for kind in StepKind:
+        ids = [inv.id for inv in invs if kind in inv.step_kinds]
+        lines.append(f"| {kind.value} | {', '.join(ids) or '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -147,7 +147,7 @@ def run_case(
             return speculator
         recorder = _Recorder(speculator)
         recorders.append(recorder)
-        return recorder  # type: ignore[return-value]
+        return recorder
 
     device = "cuda" if tensor_mode == "cuda" else "cpu"
     spec = dataclasses.replace(case.run, speculator=build, device=device, engine_hook=None)
