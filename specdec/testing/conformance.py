@@ -151,8 +151,13 @@ def run_case(
 
     device = "cuda" if tensor_mode == "cuda" else "cpu"
     spec = dataclasses.replace(case.run, speculator=build, device=device, engine_hook=None)
-    plain = plain_outputs(spec)
-    if case.acceptance is not None:
+    # The fake-cuda example's CPU run only records calls for the replay: the cpu mode already checks values and
+    # losslessness on its own examples, so here plain decoding runs only when an acceptance pattern needs it.
+    replaying = tensor_mode == "fake-cuda"
+    plain = plain_outputs(spec) if not replaying or case.acceptance is not None else None
+    if replaying:
+        mode = "shapes"
+    if case.acceptance is not None and plain is not None:
         prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
         sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
         pattern, seed = case.acceptance, spec.model_seed
@@ -181,6 +186,8 @@ def run_case(
                 False, type(e).__name__, "fake-cuda replay: " + "".join(traceback.format_exception_only(e)).strip()
             )
     out = merged(results)
+    if plain is None:
+        return Outcome(True)
     greedy = {r.req_id for rank in spec.requests for r in rank if r.params.greedy}
     wrong = sorted(rid for rid in greedy if out.get(rid) != plain.get(rid))
     missing = sorted({r.req_id for rank in spec.requests for r in rank} - set(out))
