@@ -7,6 +7,9 @@ shape error deep inside a forward.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
@@ -111,6 +114,51 @@ class ModelConfig(BaseModel):
         if self.moe is None or self.moe.intermediate_size is None:
             return self.intermediate_size
         return self.moe.intermediate_size
+
+    @classmethod
+    def from_hf_config(cls, hf: Mapping[str, Any]) -> ModelConfig:
+        """The config of a Hugging Face Llama ``config.json``; refuses features this model does not implement.
+
+        A checkpoint that needs rope scaling, biases or another activation would
+        load without error and produce wrong logits, so those fail here instead.
+        """
+        model_type = hf.get("model_type")
+        if model_type != "llama":
+            raise ValueError(f"config.json has model_type {model_type!r}; only 'llama' checkpoints are supported")
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if key not in hf:
+                raise ValueError(f"config.json lacks {key!r}, which a Llama config must state")
+        unsupported = [
+            f"{key}={hf[key]!r}"
+            for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"))
+            if key in hf and hf[key] != ok
+        ]
+        rope = dict(hf.get("rope_parameters") or {})
+        scaling = hf.get("rope_scaling")
+        if scaling:
+            rope = {**dict(scaling), **rope}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            unsupported.append(f"rope_type={rope_type!r}")
+        if unsupported:
+            raise ValueError(
+                f"config.json asks for {', '.join(unsupported)}; the reference Llama implements none of it"
+            )
+        heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        return cls(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or hidden // heads),
+            intermediate_size=int(hf["intermediate_size"]),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_model_len=int(hf.get("max_position_embeddings", 2048)),
+        )
 
     @classmethod
     def tiny(

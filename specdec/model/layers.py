@@ -26,9 +26,14 @@ class WeightInit:
     seed: int
     dtype: torch.dtype = torch.float32
     device: str | torch.device = "cpu"
+    draw: bool = True
+    """``False`` leaves weights uninitialised (``torch.empty``) for a checkpoint loader to fill: drawing 135M
+    seeded normals only to overwrite them costs seconds."""
 
     def normal(self, name: str, shape: tuple[int, ...], std: float, mean: float = 0.0) -> Float[Tensor, "*shape"]:
         """``N(mean, std^2)`` drawn on the CPU in float32 from the stream of ``name``, then cast and moved."""
+        if not self.draw:
+            return torch.empty(shape, dtype=self.dtype, device=self.device)
         generator = torch.Generator(device="cpu").manual_seed(stream_seed(self.seed, name))
         values = torch.randn(shape, generator=generator, dtype=torch.float32) * std + mean
         return values.to(dtype=self.dtype, device=self.device)

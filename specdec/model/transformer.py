@@ -185,6 +185,8 @@ class Transformer(nn.Module):
         seed: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        *,
+        draw_weights: bool = True,
     ) -> None:
         super().__init__()
         if not dtype.is_floating_point:
@@ -192,7 +194,7 @@ class Transformer(nn.Module):
         self.config = config
         self.seed = seed
         self.dtype = dtype
-        init = WeightInit(seed, dtype, device)
+        init = WeightInit(seed, dtype, device, draw=draw_weights)
         self.model = DecoderStack(config, init)
         self.lm_head: Linear | None = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, init, "lm_head")
@@ -282,12 +284,37 @@ class Transformer(nn.Module):
         """Every weight by its Hugging Face name (no ``lm_head.weight`` when tied)."""
         return dict(self.state_dict())
 
+    @classmethod
+    def from_hf_state_dict(
+        cls,
+        config: ModelConfig,
+        state: Mapping[str, Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+    ) -> Transformer:
+        """A model holding a checkpoint's weights, built without drawing (and then discarding) seeded ones.
+
+        The modules are built on the meta device and the checkpoint tensors are
+        assigned, so a checkpoint already in ``dtype`` on ``device`` is used
+        without a copy. Every weight must be present (``lm_head.weight`` only
+        when untied). ``seed`` is recorded for drafters that seed themselves
+        from the target; it does not affect the weights.
+        """
+        model = cls(config, seed=seed, dtype=dtype, device="meta", draw_weights=False)
+        model._load_hf(state, torch.device(device), strict=True, assign=True)
+        return model
+
     def load_hf_state_dict(self, state: Mapping[str, Tensor], *, strict: bool = True) -> None:
         """Fill the weights from a Hugging Face Llama state dict, casting to this model's dtype.
 
         A tied model ignores ``lm_head.weight`` if the checkpoint carries one;
         rotary ``inv_freq`` buffers of older checkpoints are ignored too.
         """
+        self._load_hf(state, self.device, strict=strict, assign=False)
+
+    def _load_hf(self, state: Mapping[str, Tensor], device: torch.device, *, strict: bool, assign: bool) -> None:
         ignored = ("rotary_emb.inv_freq",)
         own = self.named_weights()
         usable = {k: v for k, v in state.items() if not k.endswith(ignored)}
@@ -298,8 +325,16 @@ class Transformer(nn.Module):
         ]
         if wrong:
             raise ValueError(f"checkpoint shapes differ from the config (name, checkpoint, model): {wrong}")
-        converted = {k: v.to(dtype=self.dtype, device=self.device) for k, v in usable.items()}
-        self.load_state_dict(converted, strict=strict)
+        if strict:
+            missing = sorted(own.keys() - usable.keys())
+            unexpected = sorted(usable.keys() - own.keys())
+            if missing or unexpected:
+                raise ValueError(
+                    f"checkpoint does not match the model: missing {missing[:8]} ({len(missing)} in all), "
+                    f"unexpected {unexpected[:8]} ({len(unexpected)} in all)"
+                )
+        converted = {k: v.to(dtype=self.dtype, device=device) for k, v in usable.items()}
+        self.load_state_dict(converted, strict=strict, assign=assign)
 
     # -- validation --------------------------------------------------------------------------------
 
