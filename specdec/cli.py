@@ -93,6 +93,7 @@ def _csv(value: str | None) -> list[str] | None:
 
 
 def _matrix(args: argparse.Namespace) -> int:
+    _testing_kit()
     from specdec.matrix import main as matrix_main
 
     return matrix_main(
@@ -105,6 +106,22 @@ def _matrix(args: argparse.Namespace) -> int:
         junit_path=args.junit,
         workers=args.workers,
     )
+
+
+def _testing_kit() -> None:
+    """The matrix and the mutation corpus generate configurations with Hypothesis (the ``testing`` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("hypothesis") is None:
+        raise SystemExit("specdec matrix / mutate need Hypothesis: pip install 'specdec[testing]'")
+
+
+def _mutate(args: argparse.Namespace) -> int:
+    _testing_kit()
+    from specdec.testing.mutation import DEFAULT_EXAMPLES
+    from specdec.testing.mutation import main as mutate_main
+
+    return mutate_main(_csv(args.mutants), args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--json", metavar="PATH", help="write the results as JSON")
     x.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")
     x.set_defaults(func=_matrix)
+
+    u = sub.add_parser("mutate", help="inject the mutation corpus's bugs and report which contract catches each")
+    u.add_argument("--mutants", help="comma-separated mutant names (default: all; see docs/mutation.md)")
+    u.add_argument("--examples", "-n", type=int, help="generated examples per mutant (default 25)")
+    u.add_argument("--seed", type=int, default=0)
+    u.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    u.set_defaults(func=_mutate)
     return parser
 
 

@@ -193,7 +193,7 @@ def main(
     junit_path: str | None = None,
     workers: int | None = None,
 ) -> int:
-    console = Console()
+    console = Console(width=max(Console().width, 140))  # tables stay readable in logs (no tty: 80 columns)
     chosen = list(backends) if backends else [b for b in BUILT_IN if b in available_backends()]
     fams = list(families) if families else list(FAMILIES)
     unknown = [f for f in fams if f not in FAMILIES] + [m for m in tensor_modes if m not in TENSOR_MODES]

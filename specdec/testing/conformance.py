@@ -154,20 +154,22 @@ def run_case(
     # The fake-cuda example's CPU run only records calls for the replay: the cpu mode already checks values and
     # losslessness on its own examples, so here plain decoding runs only when an acceptance pattern needs it.
     replaying = tensor_mode == "fake-cuda"
-    plain = plain_outputs(spec) if not replaying or case.acceptance is not None else None
     if replaying:
         mode = "shapes"
-    if case.acceptance is not None and plain is not None:
-        prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
-        sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
-        pattern, seed = case.acceptance, spec.model_seed
-
-        def hook(engine: Engine) -> None:
-            engine.draft_rewrite = AcceptanceRewrite(pattern, sequences, spec.model.vocab_size, seed)
-
-        spec = dataclasses.replace(spec, engine_hook=hook)
+    plain: dict[str, list[int]] | None = None
     try:
-        with contracts.enforce(mode):
+        with contracts.enforce(mode):  # the plain reference is judged by the same contracts, inside the same guard
+            if not replaying or case.acceptance is not None:
+                plain = plain_outputs(spec)
+            if case.acceptance is not None and plain is not None:
+                prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
+                sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
+                pattern, seed = case.acceptance, spec.model_seed
+
+                def hook(engine: Engine) -> None:
+                    engine.draft_rewrite = AcceptanceRewrite(pattern, sequences, spec.model.vocab_size, seed)
+
+                spec = dataclasses.replace(spec, engine_hook=hook)
             results = run_in_process(spec, timeout_s=timeout_s)
     except ContractViolation as e:
         return Outcome(False, e.invariant_id, str(e))
