@@ -1,7 +1,11 @@
-"""Reference paged attention: a per-request loop in plain PyTorch that checks its inputs like a kernel.
+"""Reference paged attention in plain PyTorch that checks its inputs like a kernel.
 
-The point is clarity, not speed: each real request gathers its context from the
-paged cache and runs ordinary masked softmax attention. What it shares with a
+Requests with the same query length are attended together: one gather of their
+cached contexts through the block tables (padded to the group's longest, the
+padding reading the cache's zero row and masked out) and one masked
+``scaled_dot_product_attention``. The layout is planned once per forward and
+shared by every layer (``AttentionPlan``), since a 30-layer model would
+otherwise redo the same host work 30 times a step. What it shares with a
 production kernel is the validation: the row counts a kernel would trust
 (query rows vs ``query_start_loc[-1]``, slot mapping length) are checked with
 the messages those kernels give, so that a metadata bug fails here the way it
@@ -12,8 +16,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -39,12 +45,16 @@ def write_kv(
     meta: AttentionMetadata,
     key: Float[Tensor, "num_tokens kv_heads head_dim"],
     value: Float[Tensor, "num_tokens kv_heads head_dim"],
+    *,
+    buffer_rows: Int[Tensor, " num_tokens"] | None = None,
 ) -> None:
     """Store this step's K/V for every model row; padded rows carry ``PAD_SLOT_ID`` and are dropped.
 
     The slot mapping is sized by the model rows (``desc.num_tokens``), not by the
     attention rows: DP- and graph-padded rows run through the projections too,
     and a mapping that is too short would leave them without a slot.
+    ``buffer_rows`` is ``kv.write_rows(meta.slot_mapping)``, when a forward
+    computed it once for all its layers.
     """
     rows = key.shape[0]
     if meta.slot_mapping.dim() != 1 or meta.slot_mapping.shape[0] != rows:
@@ -52,12 +62,15 @@ def write_kv(
             f"slot_mapping has {tuple(meta.slot_mapping.shape)} entries but the model runs {rows} rows; the KV write "
             "covers every model row (padded rows hold PAD_SLOT_ID), so slot_mapping must have desc.num_tokens entries"
         )
-    kv.write(layer, meta.slot_mapping, key, value)
+    kv.write(layer, meta.slot_mapping, key, value, buffer_rows=buffer_rows)
 
 
 def validate_attention_inputs(q: Float[Tensor, "rows heads head_dim"], meta: AttentionMetadata) -> list[int]:
     """The checks a batched prefill/decode kernel makes before launching; returns the host ``query_start_loc``."""
-    rows = q.shape[0]
+    return _validate_rows(q.shape[0], meta)
+
+
+def _validate_rows(rows: int, meta: AttentionMetadata) -> list[int]:
     padded = meta.num_reqs_padded
     if meta.query_start_loc.shape[0] != padded + 1:
         raise ValueError(
@@ -87,6 +100,97 @@ def validate_attention_inputs(q: Float[Tensor, "rows heads head_dim"], meta: Att
     return qsl
 
 
+@dataclass(frozen=True, eq=False)
+class _Group:
+    """Requests with one query length, attended in one batched call over their contexts padded to ``width``."""
+
+    requests: Int[Tensor, " reqs"]
+    query_len: int
+    width: int
+    rows: Int[Tensor, " group_rows"] | None
+    """The group's query rows, request-major; ``None`` when they are exactly all rows in order (no gather)."""
+    slots: Int[Tensor, "reqs width"]
+    start: int | None
+    """For a lone request whose context sits in consecutive slots (a CPU cache; batch 1 usually): its first slot,
+    so every layer reads a view of the cache instead of gathering it."""
+    bias: Float[Tensor, "reqs 1 q_len width"]
+    """The mask as float32 scores to add (0 or -inf): the form ``scaled_dot_product_attention`` turns a boolean
+    mask into on every call, made once here for every layer."""
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionPlan:
+    """One forward's attention layout, validated and tabulated once and reused by every layer.
+
+    Every layer attends with the same metadata, so the kernel-style validation,
+    the host reads, the slot tables and the masks are built once per forward
+    (``Transformer.forward`` shares one plan across its layers) instead of once
+    per layer and request. Requests are grouped by query length (decode, verify
+    and each prefill chunk form their own groups), so a group pads only its
+    contexts, never its queries.
+    """
+
+    meta: AttentionMetadata
+    rows: int
+    seq_lens: tuple[int, ...]
+    groups: tuple[_Group, ...]
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, kv: PagedKVStorage, rows: int) -> AttentionPlan:
+        """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups."""
+        qsl = _validate_rows(rows, meta)
+        seq_lens = host_seq_lens(meta)
+        by_len: dict[int, list[int]] = {}
+        for r in range(meta.num_reqs):
+            query_len = qsl[r + 1] - qsl[r]
+            if query_len == 0:
+                continue
+            if seq_lens[r] < query_len:
+                raise ValueError(
+                    f"request {r}: seq_len {seq_lens[r]} < query_len {query_len}; its queries must be cached"
+                )
+            by_len.setdefault(query_len, []).append(r)
+        device = kv.device
+        groups = []
+        for query_len, reqs in by_len.items():
+            lens = [seq_lens[r] for r in reqs]
+            width = max(lens)
+            index = torch.tensor(reqs, dtype=torch.int64, device=device)
+            table = meta.block_table.index_select(0, index)
+            slots = kv.slot_table(table, lens, width)
+            row_ids = [row for r in reqs for row in range(qsl[r], qsl[r + 1])]
+            in_order = len(by_len) == 1 and row_ids == list(range(rows))
+            key_pos = torch.arange(width, device=device)
+            ends = torch.tensor(lens, dtype=torch.int64, device=device)[:, None, None]
+            if meta.causal:  # query i of a request of length S sits at position S - query_len + i
+                query_pos = ends - query_len + torch.arange(query_len, device=device)[None, :, None]
+                allowed = key_pos[None, None, :] <= query_pos
+            else:
+                allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
+            groups.append(
+                _Group(
+                    requests=index,
+                    query_len=query_len,
+                    width=width,
+                    rows=None if in_order else torch.tensor(row_ids, dtype=torch.int64, device=device),
+                    slots=slots,
+                    start=_consecutive_start(table, width, kv) if len(reqs) == 1 else None,
+                    bias=torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))[:, None],
+                )
+            )
+        return cls(meta, rows, tuple(seq_lens), tuple(groups))
+
+
+def _consecutive_start(table: Int[Tensor, "1 max_blocks"], seq_len: int, kv: PagedKVStorage) -> int | None:
+    """The first slot of a context held in consecutive blocks, read from a CPU block table (no device sync)."""
+    if table.device.type != "cpu" or seq_len == 0:
+        return None
+    blocks = table[0, : -(-seq_len // kv.block_size)].tolist()
+    if any(b != blocks[0] + i for i, b in enumerate(blocks)):
+        return None
+    return int(blocks[0]) * kv.block_size
+
+
 def paged_attention(
     q: Float[Tensor, "rows heads head_dim"],
     meta: AttentionMetadata,
@@ -95,6 +199,7 @@ def paged_attention(
     *,
     scale: float | None = None,
     sparse_mask: Bool[Tensor, "num_reqs_padded max_seq"] | None = None,
+    plan: AttentionPlan | None = None,
 ) -> Float[Tensor, "rows heads head_dim"]:
     """Attention of each request's queries over its cached context (this step's K/V already written).
 
@@ -104,42 +209,70 @@ def paged_attention(
     its own. Non-causal (block drafters): every query sees all ``S`` positions.
     ``sparse_mask[r, s]`` (sparse indexer) restricts request ``r`` to the
     selected positions. Rows of padded requests and rows past the real tokens
-    get zeros. Grouped-query attention repeats each KV head for its query heads.
+    get zeros. Grouped-query attention: query head ``h`` reads KV head
+    ``h // (heads // kv_heads)``. Scores are computed in float32.
+
+    ``plan`` (from ``AttentionPlan.build`` for this ``meta``) skips rebuilding
+    the layout; without it the call validates and plans on its own.
     """
-    qsl = validate_attention_inputs(q, meta)
-    seq_lens = host_seq_lens(meta)
+    if plan is None:
+        plan = AttentionPlan.build(meta, kv, q.shape[0])
+    elif plan.meta is not meta or plan.rows != q.shape[0]:
+        raise ValueError(
+            f"the attention plan was built for other metadata or another row count ({plan.rows} rows, "
+            f"got {q.shape[0]}); build one plan per forward from the metadata the layers attend with"
+        )
     heads, head_dim = q.shape[1], q.shape[2]
     if head_dim != kv.head_dim or heads % kv.num_kv_heads != 0:
         raise ValueError(
             f"queries have {heads} heads of {head_dim}; the cache has {kv.num_kv_heads} KV heads of {kv.head_dim} "
             "(query heads must be a multiple of KV heads and head_dim must match)"
         )
-    if sparse_mask is not None and sparse_mask.shape[0] != meta.num_reqs_padded:
-        raise ValueError(f"sparse_mask has {sparse_mask.shape[0]} rows; num_reqs_padded={meta.num_reqs_padded}")
-    n_rep = heads // kv.num_kv_heads
+    if sparse_mask is not None:
+        if sparse_mask.shape[0] != meta.num_reqs_padded:
+            raise ValueError(f"sparse_mask has {sparse_mask.shape[0]} rows; num_reqs_padded={meta.num_reqs_padded}")
+        for r in range(meta.num_reqs):
+            if sparse_mask.shape[1] < plan.seq_lens[r]:
+                raise ValueError(
+                    f"sparse_mask covers {sparse_mask.shape[1]} positions; request {r} has {plan.seq_lens[r]}"
+                )
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    if len(plan.groups) == 1 and plan.groups[0].rows is None:
+        return _attend_group(q, plan.groups[0], kv, layer, scale, sparse_mask)
     out = torch.zeros_like(q)
-    for r in range(meta.num_reqs):
-        start, end, seq_len = qsl[r], qsl[r + 1], seq_lens[r]
-        query_len = end - start
-        if query_len == 0:
-            continue
-        if seq_len < query_len:
-            raise ValueError(f"request {r}: seq_len {seq_len} < query_len {query_len}; its queries must be cached")
-        keys, values = kv.gather(layer, meta.block_table[r], seq_len)
-        allowed = _allowed(query_len, seq_len, meta.causal, q.device)
-        if sparse_mask is not None:
-            if sparse_mask.shape[1] < seq_len:
-                raise ValueError(f"sparse_mask covers {sparse_mask.shape[1]} positions; request {r} has {seq_len}")
-            allowed = allowed & sparse_mask[r, :seq_len][None, :]
-        out[start:end] = attend(
-            q[start:end],
-            keys.repeat_interleave(n_rep, dim=1),
-            values.repeat_interleave(n_rep, dim=1),
-            allowed,
-            scale,
+    for group in plan.groups:
+        assert group.rows is not None  # only a lone group covering every row in order has none
+        out.index_copy_(
+            0, group.rows, _attend_group(q.index_select(0, group.rows), group, kv, layer, scale, sparse_mask)
         )
     return out
+
+
+def _attend_group(
+    q: Float[Tensor, "group_rows heads head_dim"],
+    group: _Group,
+    kv: PagedKVStorage,
+    layer: int,
+    scale: float,
+    sparse_mask: Bool[Tensor, "num_reqs_padded max_seq"] | None,
+) -> Float[Tensor, "group_rows heads head_dim"]:
+    """One ``scaled_dot_product_attention`` for the whole group: ``[reqs, heads, q_len, head_dim]`` queries."""
+    reqs, heads, head_dim = group.slots.shape[0], q.shape[1], q.shape[2]
+    if group.start is not None:
+        keys, values = kv.slot_range(layer, group.start, group.width)
+        keys, values = keys.unsqueeze(0), values.unsqueeze(0)
+    else:
+        keys, values = kv.gather_slots(layer, group.slots)
+    bias = group.bias
+    if sparse_mask is not None:
+        selected = sparse_mask.index_select(0, group.requests)[:, None, None, : group.width]
+        bias = bias.masked_fill(~selected, float("-inf"))
+    queries = q.reshape(reqs, group.query_len, heads, head_dim).transpose(1, 2)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    if q.dtype != torch.float32:  # scores in float32 whatever the model dtype
+        queries, keys, values = queries.float(), keys.float(), values.float()
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim).to(q.dtype)
 
 
 def attend(
@@ -149,16 +282,8 @@ def attend(
     allowed: Bool[Tensor, "q_len kv_len"],
     scale: float,
 ) -> Float[Tensor, "q_len heads head_dim"]:
-    """Masked softmax attention of one request, scores in float32."""
+    """Masked softmax attention of one request, scores in float32 (the DFlash block attention calls it)."""
     scores = torch.einsum("qhd,khd->hqk", q.to(torch.float32), keys.to(torch.float32)) * scale
     scores = scores.masked_fill(~allowed[None, :, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values.to(torch.float32)).to(q.dtype)
-
-
-def _allowed(query_len: int, seq_len: int, causal: bool, device: torch.device) -> Bool[Tensor, "q_len kv_len"]:
-    if not causal:
-        return torch.ones((query_len, seq_len), dtype=torch.bool, device=device)
-    query_pos: Int[Tensor, " q_len"] = seq_len - query_len + torch.arange(query_len, device=device)
-    key_pos = torch.arange(seq_len, device=device)
-    return key_pos[None, :] <= query_pos[:, None]

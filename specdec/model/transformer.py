@@ -25,10 +25,10 @@ from torch import Tensor, nn
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.model.attention import paged_attention, write_kv
+from specdec.model.attention import AttentionPlan, paged_attention, write_kv
 from specdec.model.config import ModelConfig
 from specdec.model.indexer import SparseIndexer
-from specdec.model.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit, apply_rope
+from specdec.model.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
 from specdec.model.moe import MoEMLP
 
 
@@ -38,6 +38,52 @@ class ModelOutput:
 
     hidden_states: Float[Tensor, "num_tokens hidden"]
     aux_hidden_states: tuple[Float[Tensor, "num_tokens hidden"], ...] = ()
+
+
+def rope_tables(
+    positions: Int[Tensor, " num_tokens"], head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[Float[Tensor, "num_tokens 1 head_dim"], Float[Tensor, "num_tokens 1 head_dim"]]:
+    """RoPE ``cos`` and a sign-folded ``sin`` (first half negated), to apply with ``rotate``.
+
+    The angles are computed exactly as ``layers.apply_rope`` computes them, and
+    once per forward: every layer, queries and keys alike, shares them (the
+    per-call version recomputed them 2 x num_layers times a step).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), dim=-1)[:, None, :]
+    sin = emb.sin().to(dtype)
+    half = head_dim // 2
+    return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate(
+    x: Float[Tensor, "num_tokens heads head_dim"],
+    cos: Float[Tensor, "num_tokens 1 head_dim"],
+    signed_sin: Float[Tensor, "num_tokens 1 head_dim"],
+) -> Float[Tensor, "num_tokens heads head_dim"]:
+    """``apply_rope`` with tables from ``rope_tables``, bit for bit.
+
+    ``rotate_half(x) * sin`` equals ``roll(x, d/2) * signed_sin``: the halves
+    swap, and the negation moves from ``x`` to ``sin`` (a sign flip is exact),
+    in one op instead of four.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+@dataclass(eq=False)
+class SharedStep:
+    """What every layer of one forward shares: the RoPE tables, the KV write rows and the attention plan.
+
+    ``Transformer.forward`` makes one per call; the first layer fills it and the
+    rest reuse it. The plan is built at first use, not up front, so a metadata
+    error still surfaces where it did before (after layer 0's KV write and
+    sparse indexer, as a kernel launch would meet it).
+    """
+
+    rope: tuple[Tensor, Tensor] | None = None
+    write_rows: Tensor | None = None
+    plan: AttentionPlan | None = None
 
 
 class Embedding(nn.Module):
@@ -73,18 +119,28 @@ class SelfAttention(nn.Module):
         )
 
     def project(
-        self, h: Float[Tensor, "num_tokens hidden"], positions: Int[Tensor, " num_tokens"]
+        self,
+        h: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        shared: SharedStep | None = None,
     ) -> tuple[
         Float[Tensor, "num_tokens heads head_dim"],
         Float[Tensor, "num_tokens kv_heads head_dim"],
         Float[Tensor, "num_tokens kv_heads head_dim"],
     ]:
-        """Rotated queries and keys, and values, for every model row."""
+        """Rotated queries and keys, and values, for every model row (RoPE tables from ``shared`` when filled)."""
         n = h.shape[0]
-        q = self.q_proj(h).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
-        return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+        # F.linear on the weights, not the modules: a module call costs ~10 us on a small CPU, 120 per step here.
+        q = F.linear(h, self.q_proj.weight).view(n, self.num_heads, self.head_dim)
+        k = F.linear(h, self.k_proj.weight).view(n, self.num_kv_heads, self.head_dim)
+        v = F.linear(h, self.v_proj.weight).view(n, self.num_kv_heads, self.head_dim)
+        rope = shared.rope if shared is not None else None
+        if rope is None:
+            rope = rope_tables(positions, self.head_dim, self.rope_theta, q.dtype)
+            if shared is not None:
+                shared.rope = rope
+        cos, sin = rope
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def forward(
         self,
@@ -92,17 +148,29 @@ class SelfAttention(nn.Module):
         positions: Int[Tensor, " num_tokens"],
         meta: AttentionMetadata,
         kv: PagedKVStorage,
+        shared: SharedStep | None = None,
     ) -> Float[Tensor, "num_tokens hidden"]:
         """Write K/V for every model row, then attend with the first ``meta.num_tokens_padded`` rows."""
-        q, k, v = self.project(h, positions)
-        write_kv(kv, self.layer, meta, k, v)
+        q, k, v = self.project(h, positions, shared)
+        write_rows = shared.write_rows if shared is not None else None
+        if write_rows is None:
+            write_rows = kv.write_rows(meta.slot_mapping)
+            if shared is not None:
+                shared.write_rows = write_rows
+        write_kv(kv, self.layer, meta, k, v, buffer_rows=write_rows)
         rows = meta.num_tokens_padded
         sparse_mask = None
         if self.indexer is not None and SparseIndexer.applies_to(meta):
             sparse_mask = self.indexer(h[:rows], meta, kv, self.layer)
-        out = torch.zeros_like(q)
-        out[:rows] = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask)
-        return self.o_proj(out.view(h.shape[0], self.num_heads * self.head_dim))
+        plan = shared.plan if shared is not None else None
+        if plan is None:
+            plan = AttentionPlan.build(meta, kv, rows)
+            if shared is not None:
+                shared.plan = plan
+        attended = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask, plan=plan)
+        if rows < h.shape[0]:  # rows past the attention rows (DP padding) get zeros
+            attended = torch.cat([attended, attended.new_zeros((h.shape[0] - rows, *attended.shape[1:]))])
+        return F.linear(attended.reshape(h.shape[0], self.num_heads * self.head_dim), self.o_proj.weight)
 
     def forward_dense(
         self, h: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool
@@ -151,8 +219,9 @@ class DecoderLayer(nn.Module):
         kv: PagedKVStorage,
         dp_group: DPGroup | None = None,
         num_tokens_across_dp: Sequence[int] | None = None,
+        shared: SharedStep | None = None,
     ) -> Float[Tensor, "num_tokens hidden"]:
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv)
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv, shared)
         return self.run_mlp(x, dp_group, num_tokens_across_dp)
 
     def forward_dense(
@@ -251,8 +320,9 @@ class Transformer(nn.Module):
         wanted = self._aux_indices(aux_layers)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         captured: dict[int, Tensor] = {}
+        shared = SharedStep()
         for i, layer in enumerate(self.model.decoder_layers()):
-            x = layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
+            x = layer(x, positions, meta, kv, dp_group, num_tokens_across_dp, shared)
             if i in wanted:
                 captured[i] = x
         return ModelOutput(self.model.norm(x), tuple(captured[i] for i in aux_layers))
