@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +28,7 @@ from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.model import IndexerConfig, ModelConfig, ModelOutput, MoEConfig, Transformer, paged_attention
 from specdec.model.layers import stream_seed
+from specdec.model.packed_linear import FP32_PACKED_ROWS, PackedLinear, mkldnn_available
 
 ATOL = 1e-4
 
@@ -556,3 +559,90 @@ def test_unequal_rows_without_dp_padding_fail_in_the_collective() -> None:
 
     with pytest.raises(ValueError, match=re.escape("num_tokens_across_dp=[7, 7] does not describe this rank's 3 rows")):
         run_ranks(wrong_counts, in_process_world(2, timeout_s=20.0))
+
+
+# -- packed linears and bf16 --------------------------------------------------------------------------
+
+needs_onednn = pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 5, 100])
+def test_packed_linear_equals_f_linear(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 64, generator=g)
+    weights = [torch.randn(out, 64, generator=g) for out in (48, 16, 16)]
+    packed = PackedLinear()
+    # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count
+    xb, wb = x.bfloat16(), [w.bfloat16() for w in weights]
+    assert PackedLinear.applies(xb, wb)
+    for got, want in zip(packed.run(xb, wb), (F.linear(xb, w) for w in wb), strict=True):
+        assert torch.equal(got, want)
+    # fp32: packed (summation order differs) only for verify-sized batches; 1-3 rows and prefills stay exact
+    small = FP32_PACKED_ROWS[0] <= rows <= FP32_PACKED_ROWS[1]
+    assert PackedLinear.applies(x, weights) == small
+    for got, want in zip(PackedLinear().run(x, weights), (F.linear(x, w) for w in weights), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5 if small else 0, rtol=0)
+
+
+@needs_onednn
+def test_packed_linear_follows_weight_updates_and_keeps_autograd() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 32, generator=g), torch.randn(8, 32, generator=g)
+    packed = PackedLinear()
+    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-5, rtol=0)
+    w.mul_(2)  # in place: the packed copy must notice (the tensor's version changes)
+    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-5, rtol=0)
+    other = torch.randn(8, 32, generator=g)  # replaced (load_state_dict(assign=True) does this)
+    torch.testing.assert_close(packed.run(x, (other,))[0], F.linear(x, other), atol=1e-5, rtol=0)
+
+    leaf = x.clone().requires_grad_(True)
+    assert not PackedLinear.applies(leaf, (w,))  # autograd needs F.linear
+    packed.run(leaf, (w,))[0].sum().backward()
+    assert leaf.grad is not None
+    torch.testing.assert_close(leaf.grad, w.sum(0).expand(4, 32))
+    with torch.no_grad():
+        assert PackedLinear.applies(leaf, (w,))
+
+
+@needs_onednn
+def test_a_packed_model_deep_copies_and_pickles() -> None:
+    model = Transformer(CONFIG, seed=3, dtype=torch.bfloat16)
+    seq = tokens(4, 6)
+    before = dense_logits(model, seq)  # packs every weight
+    clone = copy.deepcopy(model)
+    assert torch.equal(dense_logits(clone, seq), before)
+    restored = pickle.loads(pickle.dumps(model))
+    assert torch.equal(dense_logits(restored, seq), before)
+
+
+def test_bf16_model_paged_steps_match_its_dense_forward_and_logits_are_float32() -> None:
+    bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    session = Session.new(bf16)
+    seq = tokens(1, 7)
+    step_logits = [session.run(Step([("a", seq)]))[0]]
+    for _ in range(6):
+        nxt = int(step_logits[-1][-1].argmax())
+        seq.append(nxt)
+        step_logits.append(session.run(Step([("a", [nxt])]))[0])
+    verify = session.run(Step([("a", tokens(2, 5))]))[0]  # a 5-token verify-shaped step
+    paged = torch.cat(step_logits)
+    assert paged.dtype == verify.dtype == torch.float32
+    dense = dense_logits(bf16, seq)
+    # measured: paged equals dense exactly, bf16 is within 0.8 % of fp32; the bounds leave room for other kernels
+    scale = dense_logits(MODEL, seq).abs().max().item()
+    torch.testing.assert_close(paged, dense, atol=0.01 * scale, rtol=0)
+    torch.testing.assert_close(dense, dense_logits(MODEL, seq), atol=0.03 * scale, rtol=0)
+    assert torch.isfinite(verify).all()
+
+
+def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit() -> None:
+    """What makes bf16 speculative decoding reproduce plain greedy: no logit tie can break differently."""
+    bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    prompt, drafts = tokens(3, 9), tokens(4, 5)
+    decoded, verified = Session.new(bf16), Session.new(bf16)
+    decoded.run(Step([("a", prompt)]))
+    verified.run(Step([("a", prompt)]))
+    one_by_one = torch.cat([decoded.run(Step([("a", [t])]))[0] for t in drafts])
+    assert torch.equal(verified.run(Step([("a", drafts)]))[0], one_by_one)
+    assert torch.equal(torch.cat(verified.cached("a")), torch.cat(decoded.cached("a")))

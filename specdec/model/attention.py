@@ -100,6 +100,22 @@ def _validate_rows(rows: int, meta: AttentionMetadata) -> list[int]:
     return qsl
 
 
+ROW_BY_ROW_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
+"""Cache dtypes whose short causal groups of one request attend row by row.
+
+The attention kernel's rounding depends on the context width it is given, so a
+verify row attended over the group's padded width (its future masked) can
+differ in the last bit from the decode step of the same token, which sees
+exactly its prefix. bf16's packed linears are row-invariant (the same bits at
+any row count), so with exact-width attention a verify row equals that decode
+bit for bit, and a bf16 logit tie (frequent: logits are rounded to bf16) breaks
+the same way in both: speculative decoding then reproduces plain greedy
+exactly. fp32's linears differ with the row count anyway (MKL), so fp32 keeps
+the single masked call."""
+ROW_BY_ROW_MAX_QUERY = 16
+"""Verify and block-draft sizes; longer groups (prefill chunks) take the single masked call."""
+
+
 @dataclass(frozen=True, eq=False)
 class _Group:
     """Requests with one query length, attended in one batched call over their contexts padded to ``width``."""
@@ -114,8 +130,11 @@ class _Group:
     """For a lone request whose context sits in consecutive slots (a CPU cache; batch 1 usually): its first slot,
     so every layer reads a view of the cache instead of gathering it."""
     bias: Float[Tensor, "reqs 1 q_len width"]
-    """The mask as float32 scores to add (0 or -inf): the form ``scaled_dot_product_attention`` turns a boolean
-    mask into on every call, made once here for every layer."""
+    """The mask as scores to add (0 or -inf) in the cache's dtype: the form ``scaled_dot_product_attention`` turns
+    a boolean mask into on every call, made once here for every layer."""
+    row_by_row: bool = False
+    """Attend each query row over exactly its own prefix, as a decode step of that token would (see
+    ``ROW_BY_ROW_DTYPES``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,6 +186,7 @@ class AttentionPlan:
                 allowed = key_pos[None, None, :] <= query_pos
             else:
                 allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
+            start = _consecutive_start(table, width, kv) if len(reqs) == 1 else None
             groups.append(
                 _Group(
                     requests=index,
@@ -174,8 +194,14 @@ class AttentionPlan:
                     width=width,
                     rows=None if in_order else torch.tensor(row_ids, dtype=torch.int64, device=device),
                     slots=slots,
-                    start=_consecutive_start(table, width, kv) if len(reqs) == 1 else None,
-                    bias=torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))[:, None],
+                    start=start,
+                    bias=torch.zeros(allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
+                        ~allowed, float("-inf")
+                    )[:, None],
+                    row_by_row=start is not None
+                    and meta.causal
+                    and 1 < query_len <= ROW_BY_ROW_MAX_QUERY
+                    and kv.dtype in ROW_BY_ROW_DTYPES,
                 )
             )
         return cls(meta, rows, tuple(seq_lens), tuple(groups))
@@ -210,7 +236,8 @@ def paged_attention(
     ``sparse_mask[r, s]`` (sparse indexer) restricts request ``r`` to the
     selected positions. Rows of padded requests and rows past the real tokens
     get zeros. Grouped-query attention: query head ``h`` reads KV head
-    ``h // (heads // kv_heads)``. Scores are computed in float32.
+    ``h // (heads // kv_heads)``. Scores and softmax are accumulated in float32 (a bf16 model's
+    queries, keys and values go to the kernel in bf16; it accumulates in float32).
 
     ``plan`` (from ``AttentionPlan.build`` for this ``meta``) skips rebuilding
     the layout; without it the call validates and plans on its own.
@@ -263,16 +290,33 @@ def _attend_group(
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)
     else:
         keys, values = kv.gather_slots(layer, group.slots)
-    bias = group.bias
+    bias = group.bias if group.bias.dtype == q.dtype else group.bias.to(q.dtype)
     if sparse_mask is not None:
         selected = sparse_mask.index_select(0, group.requests)[:, None, None, : group.width]
         bias = bias.masked_fill(~selected, float("-inf"))
     queries = q.reshape(reqs, group.query_len, heads, head_dim).transpose(1, 2)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-    if q.dtype != torch.float32:  # scores in float32 whatever the model dtype
-        queries, keys, values = queries.float(), keys.float(), values.float()
+    if group.row_by_row and sparse_mask is None:
+        first = group.width - group.query_len  # row i sees positions [0, first + i]
+        out = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    queries[:, :, i : i + 1],
+                    keys[:, :, : first + i + 1],
+                    values[:, :, : first + i + 1],
+                    attn_mask=bias[:, :, i : i + 1, : first + i + 1],
+                    scale=scale,
+                    enable_gqa=True,
+                )
+                for i in range(group.query_len)
+            ],
+            dim=2,
+        )
+        return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim)
+    # bf16 goes in as bf16: the CPU kernel accumulates scores and softmax in float32 itself (casting the
+    # whole cached context to float32 first cost more than the attention).
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
-    return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim).to(q.dtype)
+    return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim)
 
 
 def attend(

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from specdec.model.packed_linear import PackedLinear
+
 
 @dataclass(frozen=True)
 class WeightInit:
@@ -58,9 +60,10 @@ class Linear(nn.Module):
         self.out_features = out_features
         # std 1/sqrt(fan_in) keeps activations O(1) so that tiny test models produce non-trivial logits.
         self.weight = init.parameter(f"{name}.weight", (out_features, in_features), 1.0 / math.sqrt(in_features))
+        self.packed = PackedLinear()
 
     def forward(self, x: Float[Tensor, "*batch in_features"]) -> Float[Tensor, "*batch out_features"]:
-        return F.linear(x, self.weight)
+        return self.packed.run(x, (self.weight,))[0]
 
 
 class RMSNorm(nn.Module):
@@ -73,9 +76,12 @@ class RMSNorm(nn.Module):
         self.weight = init.parameter(f"{name}.weight", (dim,), 0.1, mean=1.0)
 
     def forward(self, x: Float[Tensor, "*batch dim"]) -> Float[Tensor, "*batch dim"]:
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # F.rms_norm runs the chain in one call, bit for bit. With the weight inside it multiplies before rounding
+        # to bf16, which Hugging Face does after, so only float32 passes the weight in.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        normed = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def rotate_half(x: Float[Tensor, "*batch head_dim"]) -> Float[Tensor, "*batch head_dim"]:
@@ -105,6 +111,9 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, init, f"{name}.gate_proj")
         self.up_proj = Linear(hidden_size, intermediate_size, init, f"{name}.up_proj")
         self.down_proj = Linear(intermediate_size, hidden_size, init, f"{name}.down_proj")
+        self.gate_up = PackedLinear()
+        """``gate_proj`` and ``up_proj`` packed as one matrix (one matmul on the packed path)."""
 
     def forward(self, x: Float[Tensor, "num_tokens hidden"]) -> Float[Tensor, "num_tokens hidden"]:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up.run(x, (self.gate_proj.weight, self.up_proj.weight))
+        return self.down_proj(F.silu(gate) * up)

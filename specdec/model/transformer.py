@@ -30,6 +30,7 @@ from specdec.model.config import ModelConfig
 from specdec.model.indexer import SparseIndexer
 from specdec.model.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
 from specdec.model.moe import MoEMLP
+from specdec.model.packed_linear import PackedLinear
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +113,8 @@ class SelfAttention(nn.Module):
         self.k_proj = Linear(hidden, kv_width, init, f"{name}.k_proj")
         self.v_proj = Linear(hidden, kv_width, init, f"{name}.v_proj")
         self.o_proj = Linear(config.num_heads * config.head_dim, hidden, init, f"{name}.o_proj")
+        self.qkv = PackedLinear()
+        """``q_proj``, ``k_proj`` and ``v_proj`` packed as one matrix (one matmul on the packed path)."""
         self.indexer = (
             SparseIndexer(config.indexer, hidden, kv_width, init, f"{name}.indexer")
             if config.indexer is not None
@@ -130,10 +133,11 @@ class SelfAttention(nn.Module):
     ]:
         """Rotated queries and keys, and values, for every model row (RoPE tables from ``shared`` when filled)."""
         n = h.shape[0]
-        # F.linear on the weights, not the modules: a module call costs ~10 us on a small CPU, 120 per step here.
-        q = F.linear(h, self.q_proj.weight).view(n, self.num_heads, self.head_dim)
-        k = F.linear(h, self.k_proj.weight).view(n, self.num_kv_heads, self.head_dim)
-        v = F.linear(h, self.v_proj.weight).view(n, self.num_kv_heads, self.head_dim)
+        # The weights, not the modules: a module call costs ~10 us on a small CPU, 120 per step here.
+        q, k, v = self.qkv.run(h, (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         rope = shared.rope if shared is not None else None
         if rope is None:
             rope = rope_tables(positions, self.head_dim, self.rope_theta, q.dtype)
@@ -170,7 +174,8 @@ class SelfAttention(nn.Module):
         attended = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask, plan=plan)
         if rows < h.shape[0]:  # rows past the attention rows (DP padding) get zeros
             attended = torch.cat([attended, attended.new_zeros((h.shape[0] - rows, *attended.shape[1:]))])
-        return F.linear(attended.reshape(h.shape[0], self.num_heads * self.head_dim), self.o_proj.weight)
+        out = attended.reshape(h.shape[0], self.num_heads * self.head_dim)
+        return self.o_proj.packed.run(out, (self.o_proj.weight,))[0]
 
     def forward_dense(
         self, h: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool
@@ -268,6 +273,7 @@ class Transformer(nn.Module):
         self.lm_head: Linear | None = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, init, "lm_head")
         )
+        self._lm_head_packed = PackedLinear()
 
     # -- shared with drafters ----------------------------------------------------------------------
 
@@ -280,8 +286,14 @@ class Transformer(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: Float[Tensor, "num_rows hidden"]) -> Float[Tensor, "num_rows vocab"]:
-        """The LM head (tied to the embeddings or not) on already-normed hidden states."""
-        return F.linear(hidden, self.lm_head_weight)
+        """The LM head (tied to the embeddings or not) on already-normed hidden states, as float32 logits.
+
+        A bf16 model multiplies in bf16 (float32 accumulation, the output rounded
+        to bf16, as transformers' bf16 LM head does) and returns the logits cast to
+        float32, so sampling and verification never do arithmetic in bf16.
+        Differentiable in ``hidden`` (drafters train through the shared head).
+        """
+        return self._lm_head_packed.run(hidden, (self.lm_head_weight,))[0].float()
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         """A paged cache with this model's layer count, KV heads, head size, dtype and device."""

@@ -1,0 +1,106 @@
+"""Linear layers on weights pre-packed for oneDNN: the fast CPU path for bf16, and for fp32 verify-sized batches.
+
+A bf16 ``F.linear`` on the CPU goes to oneDNN's AMX matmul, which reorders the
+plain ``[out, in]`` weight into its blocked layout on every call: half of a
+decode step's matmul time went to that copy. ``torch.ops.mkldnn`` can reorder
+once (``_reorder_linear_weight``) and multiply against the packed copy
+(``_linear_pointwise``); the result is bit-identical to ``F.linear`` (same
+kernel, same blocking) and nearly flat in the row count, which is what makes a
+verify forward cost about one decode forward.
+
+For fp32, MKL's ``sgemm`` from 4 rows on is much slower than its 1-3-row
+path (an LM head on 4 rows cost ~2x one row, on 12 rows ~4x), while oneDNN's
+packed fp32 matmul grows slowly with the rows (4 rows: 1.1x one row). The fp32
+results differ from ``F.linear`` by summation order (~1e-6 relative), so fp32
+takes the packed path only for ``FP32_PACKED_ROWS``: 1-3-row decodes (where MKL
+is as fast) and prefills keep MKL's results, which the transformers parity
+test compares.
+
+Several weights that read the same input (q/k/v, gate/up) are packed as one
+concatenated matrix, one call instead of three. The packed copy is cached and
+rebuilt when any source weight is replaced or modified in place (its storage
+pointer or ``_version`` changes), and is never pickled or deep-copied. Calls
+that need autograd (an input or weight requiring grad with grad enabled), and
+non-CPU or unsupported inputs, take plain ``F.linear``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+FP32_PACKED_ROWS = (4, 64)
+"""Row counts (inclusive) for which fp32 takes the packed oneDNN path: verify and block-draft sizes, small batches."""
+
+
+def mkldnn_available() -> bool:
+    """Whether this torch build has oneDNN (the packed ops exist in every CPU build that does)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+_MKLDNN = mkldnn_available()
+
+
+class PackedLinear:
+    """The packed copy of one or more weights sharing an input; call ``run`` with the current weights.
+
+    The weights are passed on every call rather than held, so a module whose
+    parameters are reassigned (``load_state_dict(assign=True)``) never runs a
+    stale copy, and this object adds nothing to a state dict.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[int, int, int], ...] | None = None
+        self._packed: Tensor | None = None
+        self._splits: list[int] = []
+
+    def run(
+        self, x: Float[Tensor, "rows in_features"], weights: Sequence[Tensor]
+    ) -> tuple[Float[Tensor, "rows out_features"], ...]:
+        """``tuple(F.linear(x, w) for w in weights)``, through one packed matmul when that path applies."""
+        if not self.applies(x, weights):
+            return tuple(F.linear(x, w) for w in weights)
+        out = torch.ops.mkldnn._linear_pointwise(x, self._pack(weights), None, "none", [], "")
+        if len(weights) == 1:
+            return (out,)
+        return tuple(out.split(self._splits, dim=-1))
+
+    @staticmethod
+    def applies(x: Tensor, weights: Sequence[Tensor]) -> bool:
+        """The packed path: CPU, oneDNN, 2-D input, one dtype, no autograd, and bf16 or a small fp32 batch."""
+        if not _MKLDNN or x.dim() != 2 or x.device.type != "cpu" or x.shape[0] == 0:
+            return False
+        dtype = x.dtype
+        if dtype == torch.float32:
+            if not FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1]:
+                return False
+        elif dtype != torch.bfloat16:
+            return False
+        if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+
+    def _pack(self, weights: Sequence[Tensor]) -> Tensor:
+        key = tuple((w.data_ptr(), w._version, w.shape[0]) for w in weights)
+        if self._packed is None or key != self._key:
+            with torch.no_grad():
+                plain = weights[0] if len(weights) == 1 else torch.cat(list(weights))
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(plain.detach().contiguous(), None)
+            self._key = key
+            self._splits = [w.shape[0] for w in weights]
+        return self._packed
+
+    # A packed (opaque oneDNN) tensor can be neither pickled nor deep-copied; a copy repacks on first use.
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
+        return PackedLinear()
