@@ -7,8 +7,10 @@ imports this package. ``create`` stays importable from here for existing callers
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from backends.pretrained import load_drafter, meta_json, read_metadata, resolve
 from specdec.backend_registry import create
 from specdec.model.transformer import Transformer
 from specdec.speculator import Speculator
@@ -23,14 +25,44 @@ def spread_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
     return tuple(round(i * (num_layers - 1) / (count - 1)) for i in range(count))
 
 
+def trained_config(pretrained: str | Path, backend: str) -> tuple[Path, dict[str, Any]]:
+    """The weights file for ``pretrained`` (a model name or a ``.safetensors`` path) and its network options."""
+    path = resolve(pretrained, backend)
+    meta = read_metadata(path)
+    if meta.get("backend") != backend:
+        raise ValueError(f"{path} holds {meta.get('backend')!r} drafter weights, not {backend!r}")
+    options = meta_json(meta, "network", path)
+    if not isinstance(options, dict):
+        raise ValueError(f"{path}: metadata field 'network' must be a JSON object")
+    return path, options
+
+
+def mark_weights(speculator: Speculator, source: str) -> Speculator:
+    """Record where the drafter's weights came from (``specdec.streaming.drafter_weights_are_random`` reads it)."""
+    setattr(speculator, "weights_source", source)  # noqa: B010 - an optional attribute the Speculator protocol lacks
+    return speculator
+
+
 def make_eagle(
-    target: Transformer, *, num_spec_tokens: int = 4, fused: bool = False, seed: int = 1, **_: Any
+    target: Transformer,
+    *,
+    num_spec_tokens: int = 4,
+    fused: bool = False,
+    seed: int = 1,
+    pretrained: str | Path | None = None,
+    **_: Any,
 ) -> Speculator:
+    """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights."""
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 
     aux = spread_layers(target.config.num_layers)
+    path, options = trained_config(pretrained, "eagle") if pretrained is not None else (None, {})
+    aux = tuple(options.get("aux_layers", aux))
     head = EagleHead(target, num_aux=len(aux), seed=seed)
-    return AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
+    if path is not None:
+        load_drafter(path, {"head": head})
+    spec = AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
+    return mark_weights(spec, "random" if path is None else f"trained:{path}")
 
 
 def make_draft_model(
@@ -63,15 +95,22 @@ def make_dflash(
     seed: int = 1,
     num_layers: int = 1,
     argmax_drafts: bool = False,
+    pretrained: str | Path | None = None,
     **_: Any,
 ) -> Speculator:
+    """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win)."""
     from backends.dflash import DFlashNetwork, DFlashSpeculator
 
-    aux = spread_layers(target.config.num_layers, count=5)
+    path, options = trained_config(pretrained, "dflash") if pretrained is not None else (None, {})
+    aux = tuple(options.get("aux_layers", spread_layers(target.config.num_layers, count=5)))
+    num_layers = int(options.get("num_layers", num_layers))
     network = DFlashNetwork(target, num_aux=len(aux), seed=seed, num_layers=num_layers)
-    return DFlashSpeculator(
+    if path is not None:
+        load_drafter(path, {"network": network})
+    spec = DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
+    return mark_weights(spec, "random" if path is None else f"trained:{path}")
 
 
 def make_dspark(
@@ -86,12 +125,17 @@ def make_dspark(
     c0: float | None = None,
     c1: float | None = None,
     markov_scale: float = 1.0,
+    pretrained: str | Path | None = None,
     **_: Any,
 ) -> Speculator:
+    """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win)."""
     from backends.dflash import DFlashNetwork
     from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost
 
-    aux = spread_layers(target.config.num_layers, count=5)
+    path, options = trained_config(pretrained, "dspark") if pretrained is not None else (None, {})
+    aux = tuple(options.get("aux_layers", spread_layers(target.config.num_layers, count=5)))
+    num_layers = int(options.get("num_layers", num_layers))
+    rank = int(options.get("rank", rank))
     network = DFlashNetwork(target, num_aux=len(aux), seed=seed, num_layers=num_layers)
     c = target.config
     heads = DSparkHeads(
@@ -103,7 +147,9 @@ def make_dspark(
         dtype=target.dtype,
         device=target.device,
     )
-    return DSparkSpeculator(
+    if path is not None:
+        load_drafter(path, {"network": network, "heads": heads})
+    spec = DSparkSpeculator(
         network,
         heads,
         num_spec_tokens=num_spec_tokens,
@@ -117,3 +163,4 @@ def make_dspark(
         if c0 is None and c1 is None
         else StepCost(c0=1.0 if c0 is None else c0, c1=0.05 if c1 is None else c1),
     )
+    return mark_weights(spec, "random" if path is None else f"trained:{path}")

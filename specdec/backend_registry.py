@@ -185,6 +185,21 @@ def factory_for(name: str) -> Factory:
     return build
 
 
+def names_option(name: str, option: str) -> bool:
+    """Whether backend ``name``'s factory names ``option`` as a parameter (a bare ``**options`` does not count).
+
+    Callers pass optional extras such as ``pretrained`` only to factories that
+    say they take them, so a strict factory never sees an unknown keyword and a
+    factory that does take one still fails loudly on a bad value.
+    """
+    try:
+        params = inspect.signature(factory_for(name)).parameters
+    except (TypeError, ValueError):
+        return False
+    param = params.get(option)
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
 def load_factory(spec: str) -> Factory:
     """Resolve ``"package.module:attr"`` (attr may be dotted) to a callable, as an entry point's value is."""
     module_name, sep, attr = spec.partition(":")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 import contracts
-from specdec.backend_registry import create
+from specdec.backend_registry import create, names_option
 from specdec.bench_contract_modes import MODES, ModeRunner
 from specdec.bench_lossless import check_lossless, tie_tolerance_for, top_two
 from specdec.bench_report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
@@ -204,7 +204,7 @@ def resolve_drafter(name: str, target: Transformer, *, k: int, weights: str, mod
 
     options: dict[str, Any] = {"num_spec_tokens": k}
     note = ""
-    if weights != "random":
+    if weights != "random" and names_option(name, "pretrained"):
         try:
             speculator = create(name, target, **options, pretrained=model)
             options["pretrained"] = model
@@ -214,6 +214,8 @@ def resolve_drafter(name: str, target: Transformer, *, k: int, weights: str, mod
             note = f"no trained weights, random ones used: {exc}"
             speculator = create(name, target, **options)
     else:
+        if weights == "trained":
+            raise ValueError(f"--weights trained: backend {name!r} takes no trained weights (no 'pretrained' option)")
         speculator = create(name, target, **options)
     declared = getattr(speculator, "weights_source", None)
     if isinstance(declared, str):

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from specdec.backend_registry import create
+from specdec.backend_registry import create, names_option
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="'plain', an installed backend (entry point group specdec.backends: eagle, draft-model, dflash, "
         "dspark, ...) or a 'module:factory' spec",
     )
+    p.add_argument(
+        "--pretrained",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --model: load the backend's trained drafter weights for that model where it ships them "
+        "(default on; a backend without them drafts with random weights)",
+    )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4)
     p.add_argument("--fused", action="store_true", help="fused multi-step decode (metadata built once)")
     p.add_argument("--draft-is-target", action="store_true", help="draft-model backend drafting with the target itself")
@@ -72,7 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _speculator(args: argparse.Namespace, target: Transformer, backend: str) -> Speculator | None:
+def _speculator(
+    args: argparse.Namespace, target: Transformer, backend: str, model: str | None = None
+) -> Speculator | None:
     if backend == "plain":
         return None
     # Options a backend may not know are passed only when asked for, so a strict factory fails loudly then.
@@ -81,6 +90,11 @@ def _speculator(args: argparse.Namespace, target: Transformer, backend: str) -> 
         options["fused"] = True
     if args.draft_is_target:
         options["draft"] = target
+    if model is not None and args.pretrained and names_option(backend, "pretrained"):
+        try:  # the backend's trained weights for this model, where it ships them
+            return create(backend, target, **options, pretrained=model)
+        except FileNotFoundError as exc:  # this backend ships no weights for this model
+            print(f"specdec generate: {exc}; drafting with random weights", file=sys.stderr)
     return create(backend, target, **options)
 
 
@@ -184,7 +198,7 @@ def run_model(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     params = SamplingParams(temperature=float(args.temperature))
-    speculator = _speculator(args, target, args.backend)
+    speculator = _speculator(args, target, args.backend, model=args.model)
     try:
         engine = engine_for(target, len(prompt), max_tokens, speculator=speculator, seed=args.seed)
     except ValueError as exc:  # a prompt longer than the model's context

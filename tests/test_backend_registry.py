@@ -285,3 +285,16 @@ def test_load_factory_resolves_module_and_attribute() -> None:
 def test_load_factory_rejects_bad_specs_clearly(spec: str, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         load_factory(spec)
+
+
+def test_names_option_counts_only_named_parameters() -> None:
+    from specdec.backend_registry import names_option
+
+    assert all(names_option(b, "pretrained") for b in ("eagle", "dflash", "dspark"))
+    assert not names_option("draft-model", "pretrained")  # takes **options but names no weights
+    register("mine", _factory)  # **options only: an unknown keyword may still be refused
+    try:
+        assert not names_option("mine", "pretrained")
+        assert names_option("dspark", "capacity")
+    finally:
+        unregister("mine")

@@ -8,6 +8,8 @@ beat untrained, and output must still equal plain greedy decoding.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from jaxtyping import Int
@@ -186,7 +188,7 @@ def test_unrolled_training_forward_drafts_what_the_paged_eagle_path_drafts(
     feats = target_features(target, tokens[None], aux)
     assert len({tuple(d) for _, _, d in spec.seen}) > 3
     with torch.no_grad():
-        fused = head.fuse_aux(feats.aux)
+        fused = head.fuse_aux([a[0] for a in feats.aux])[None]
         for p, bonus, drafts in spec.seen:
             # prefill rows 0..P read x_{t+1}; row P reads the bonus. Later steps read the drafts themselves.
             rows = p + 1
@@ -196,3 +198,22 @@ def test_unrolled_training_forward_drafts_what_the_paged_eagle_path_drafts(
             hidden = unrolled_hidden(head, fused[:, :rows], step_ids)
             got = [int(target.compute_logits(head.norm(h[0, -1:])).argmax()) for h in hidden]
             assert got == drafts, f"P {p}"
+
+
+def test_target_features_round_trip_through_safetensors(target: Transformer, sequences: Tensor, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from backends.training.data import TargetFeatures
+
+    feats = target_features(target, sequences[:3], (0, 1))
+    path = tmp_path / "feats.safetensors"
+    feats.save(path, {"model": "tiny"})
+    loaded, meta = TargetFeatures.load(path)
+    assert meta["model"] == "tiny"
+    assert loaded.aux_layers == feats.aux_layers
+    for name in ("tokens", "greedy_next", "top_ids", "top_probs"):
+        assert torch.equal(getattr(loaded, name), getattr(feats, name))
+    assert all(torch.equal(a, b) for a, b in zip(loaded.aux, feats.aux, strict=True))
+    save_file({"tokens": feats.tokens}, str(tmp_path / "weights.safetensors"))
+    with pytest.raises(ValueError, match="not a TargetFeatures file"):
+        TargetFeatures.load(tmp_path / "weights.safetensors")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from jaxtyping import Float, Int
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from specdec.model.transformer import Transformer
@@ -37,33 +42,125 @@ def generate_sequences(
 
 @dataclass(frozen=True, eq=False)
 class TargetFeatures:
-    """Per-position frozen target outputs of a batch of equal-length sequences, computed once before training."""
+    """Per-position frozen target outputs of a batch of equal-length sequences, computed once before training.
+
+    Only what the losses read is kept: full logits (``num x seq_len x vocab``)
+    do not fit in memory at a real vocabulary, so the target's distribution is
+    kept as its top-``k`` tokens and probabilities.
+    """
 
     tokens: Int[Tensor, "num seq_len"]
+    aux_layers: tuple[int, ...]
     aux: tuple[Float[Tensor, "num seq_len hidden"], ...]
-    """Outputs of the drafter's ``aux_layers`` (what inference injects)."""
-    logits: Float[Tensor, "num seq_len vocab"]
-    """Target logits at each position: the distribution of the token at the next position."""
+    """Outputs of ``aux_layers`` (what inference injects), possibly stored in a narrower dtype."""
+    greedy_next: Int[Tensor, "num seq_len"]
+    """The target's own argmax next token at each position (the self-distillation label)."""
+    top_ids: Int[Tensor, "num seq_len top"]
+    """The target's ``top`` most likely next tokens at each position, most likely first."""
+    top_probs: Float[Tensor, "num seq_len top"]
+    """Their probabilities (summing to at most 1; the rest of the mass is spread over other tokens)."""
 
-    @property
-    def greedy_next(self) -> Int[Tensor, "num seq_len"]:
-        """The target's own argmax next token at each position (the self-distillation label)."""
-        return self.logits.argmax(-1)
+    def __post_init__(self) -> None:
+        if len(self.aux) != len(self.aux_layers):
+            raise ValueError(f"{len(self.aux)} aux tensors for aux_layers {self.aux_layers}")
+        shape = tuple(self.tokens.shape)
+        for name, t in [("greedy_next", self.greedy_next), *(("aux", a) for a in self.aux)]:
+            if tuple(t.shape[:2]) != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, tokens {shape}")
+
+    def select(self, aux_layers: Sequence[int]) -> TargetFeatures:
+        """The same features with only ``aux_layers`` (in that order): one feature file serves every drafter."""
+        missing = [layer for layer in aux_layers if layer not in self.aux_layers]
+        if missing:
+            raise ValueError(f"the features hold target layers {self.aux_layers}; a drafter asks for {missing}")
+        aux = tuple(self.aux[self.aux_layers.index(layer)] for layer in aux_layers)
+        return TargetFeatures(self.tokens, tuple(aux_layers), aux, self.greedy_next, self.top_ids, self.top_probs)
+
+    def save(self, path: Path, metadata: Mapping[str, str]) -> None:
+        """A safetensors file (never a pickle): the tensors, plus ``aux_layers`` and the caller's metadata."""
+        tensors = {
+            "tokens": self.tokens,
+            "greedy_next": self.greedy_next,
+            "top_ids": self.top_ids,
+            "top_probs": self.top_probs,
+        } | {f"aux.{i}": a for i, a in enumerate(self.aux)}
+        meta = dict(metadata) | {"aux_layers": json.dumps(list(self.aux_layers))}
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[TargetFeatures, dict[str, str]]:
+        """The features and the file's metadata; a clear error for a file that is not a features file."""
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            names = set(f.keys())
+            missing = {"tokens", "greedy_next", "top_ids", "top_probs"} - names
+            if missing or "aux_layers" not in meta:
+                raise ValueError(f"{path} is not a TargetFeatures file: missing {sorted(missing) or ['aux_layers']}")
+            layers = tuple(int(layer) for layer in json.loads(meta["aux_layers"]))
+            feats = cls(
+                tokens=f.get_tensor("tokens"),
+                aux_layers=layers,
+                aux=tuple(f.get_tensor(f"aux.{i}") for i in range(len(layers))),
+                greedy_next=f.get_tensor("greedy_next"),
+                top_ids=f.get_tensor("top_ids"),
+                top_probs=f.get_tensor("top_probs"),
+            )
+        return feats, meta
+
+
+def as_features(
+    target: Transformer, data: Int[Tensor, "num seq_len"] | TargetFeatures, aux_layers: Sequence[int]
+) -> TargetFeatures:
+    """Features for a trainer: computed from token sequences, or precomputed ones narrowed to ``aux_layers``."""
+    if isinstance(data, TargetFeatures):
+        return data.select(aux_layers)
+    return target_features(target, data.to(target.device), aux_layers)
 
 
 @torch.no_grad()
 def target_features(
-    target: Transformer, tokens: Int[Tensor, "num seq_len"], aux_layers: Sequence[int]
+    target: Transformer,
+    tokens: Int[Tensor, "num seq_len"],
+    aux_layers: Sequence[int],
+    *,
+    top_k: int = 8,
+    aux_dtype: torch.dtype | None = None,
+    autocast: torch.dtype | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> TargetFeatures:
-    """Run the frozen target densely over each sequence (no cache), keeping aux hidden states and logits."""
-    aux: list[list[Tensor]] = [[] for _ in aux_layers]
-    logits = []
-    for seq in tokens:
-        out = target.forward_dense(seq, aux_layers=aux_layers)
+    """Run the frozen target densely over each sequence (no cache), keeping aux hidden states and the top-k.
+
+    ``aux_dtype`` stores the hidden states narrower (bf16 halves a real
+    model's feature memory); ``autocast`` runs the target's matmuls in that
+    dtype (bf16 is ~3x faster on a CPU with AMX).
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    k = min(top_k, target.config.vocab_size)
+    num, seq_len = tokens.shape
+    device = target.device
+    # Outputs are allocated once and filled in place: appending per-sequence pieces between the large
+    # per-sequence temporaries (logits) fragments the heap until the process holds many times the data.
+    aux = [
+        torch.empty(num, seq_len, target.config.hidden_size, dtype=aux_dtype or target.dtype, device=device)
+        for _ in aux_layers
+    ]
+    top_ids = torch.empty(num, seq_len, k, dtype=torch.long, device=device)
+    top_probs = torch.empty(num, seq_len, k, dtype=torch.float32, device=device)
+    context = torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext()
+    for i, seq in enumerate(tokens):
+        with context:
+            out = target.forward_dense(seq.to(device), aux_layers=aux_layers)
+            logits = target.compute_logits(out.hidden_states)
         for j, h in enumerate(out.aux_hidden_states):
-            aux[j].append(h)
-        logits.append(target.compute_logits(out.hidden_states))
-    return TargetFeatures(tokens, tuple(torch.stack(a) for a in aux), torch.stack(logits))
+            aux[j][i] = h
+        probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        top_ids[i] = ids
+        top_probs[i] = probs
+        del out, logits, probs, ids
+        if progress is not None:
+            progress(i + 1, num)
+    return TargetFeatures(tokens, tuple(aux_layers), tuple(aux), top_ids[:, :, 0].clone(), top_ids, top_probs)
 
 
 def run_adamw(
@@ -76,23 +173,49 @@ def run_adamw(
     seed: int,
     batch_loss: Callable[[Int[Tensor, " batch"], torch.Generator], Tensor],
     name: str,
+    autocast: torch.dtype | None = None,
+    warmup: int = 0,
+    clip: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """The optimisation loop every drafter trainer shares: sample sequences, step AdamW, stop on divergence.
 
     ``batch_loss`` gets the sampled sequence indices and the CPU generator (for
-    anchors), so a run is reproducible from ``seed`` on any device.
+    anchors), so a run is reproducible from ``seed`` on any device. With
+    ``warmup > 0`` the learning rate ramps up linearly for ``warmup`` steps and
+    then decays on a cosine to 10% (long real runs); without, it is constant.
+    ``autocast`` runs the forward in that dtype (weights and optimizer stay fp32);
+    ``clip`` caps the gradient norm (a guard for the high learning rates short runs use).
     """
+    if steps < 0 or warmup < 0:
+        raise ValueError(f"steps and warmup must be >= 0, got {steps} and {warmup}")
     device = params[0].device if params else torch.device("cpu")
     g = torch.Generator(device="cpu").manual_seed(seed)
     losses: list[float] = []
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    for _ in range(steps):
+    for step in range(steps):
+        if warmup:
+            for group in opt.param_groups:
+                group["lr"] = lr * schedule(step, steps, warmup)
         index = torch.randint(0, num_sequences, (min(batch_size, num_sequences),), generator=g).to(device)
-        loss = batch_loss(index, g)
+        with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
+            loss = batch_loss(index, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"{name} training diverged at step {len(losses)}: loss {losses[-1]}")
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
     return losses
+
+
+def schedule(step: int, steps: int, warmup: int) -> float:
+    """Learning-rate factor: linear warmup, then cosine decay to 0.1 at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    done = (step - warmup) / max(1, steps - warmup)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * done))

@@ -10,7 +10,7 @@ inference does not use.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork, context_kv
 from backends.registry import spread_layers
-from backends.training.data import TargetFeatures, run_adamw, target_features
+from backends.training.data import TargetFeatures, as_features, run_adamw
+from backends.training.vocab import HeadRows, head_sampler
 from specdec.model.transformer import Transformer
 
 Labels = Literal["greedy", "data"]
@@ -126,21 +127,29 @@ def dflash_loss(
     q: int,
     gamma: float,
     labels: Labels,
+    head_rows: HeadRows | None = None,
 ) -> Tensor:
-    """Decay-weighted cross-entropy of mask positions 1..q-1 against the label at their own position."""
+    """Decay-weighted cross-entropy of mask positions 1..q-1 against the label at their own position.
+
+    ``head_rows`` scores against those LM-head rows only (default: the whole vocabulary).
+    """
     tokens = feats.tokens[index]
     batch, num_anchors = anchors.shape
     pos = anchors[:, :, None] + torch.arange(q, device=tokens.device)  # [batch, A, q]
     block_ids = torch.full_like(pos, MASK_TOKEN_ID)
     block_ids[:, :, 0] = tokens.gather(1, anchors)
-    hidden = block_hidden(network, [a[index] for a in feats.aux], block_ids.view(batch, -1), anchors, q)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    logits = network.target.compute_logits(network.norm(flat)).view(batch, num_anchors, q, -1)[:, :, 1:]
+    aux = [a[index].to(network.fc.weight.dtype) for a in feats.aux]  # features may be stored as bf16
+    hidden = block_hidden(network, aux, block_ids.view(batch, -1), anchors, q)
+    flat = hidden.view(batch, num_anchors, q, -1)[:, :, 1:].reshape(-1, hidden.shape[-1])
+    normed = network.norm(flat)
+    logits = network.target.compute_logits(normed) if head_rows is None else head_rows.logits(normed)
     mask_pos = pos[:, :, 1:].reshape(batch, -1)
     if labels == "greedy":  # the target's argmax for position p is read at position p - 1
         want = feats.greedy_next[index].gather(1, mask_pos - 1)
     else:
         want = tokens.gather(1, mask_pos)
+    if head_rows is not None:
+        want = head_rows.index(want)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), want.reshape(-1), reduction="none")
     w = decay_weights(q - 1, gamma, tokens.device).repeat(batch * num_anchors)
     return (ce * w).sum() / w.sum()
@@ -149,7 +158,7 @@ def dflash_loss(
 def train_dflash(
     network: DFlashNetwork,
     target: Transformer,
-    sequences: Int[Tensor, "num seq_len"],
+    sequences: Int[Tensor, "num seq_len"] | TargetFeatures,
     *,
     steps: int,
     lr: float = 3e-3,
@@ -161,10 +170,17 @@ def train_dflash(
     labels: Labels = "greedy",
     aux_layers: Sequence[int] | None = None,
     min_anchor: int = 1,
+    keep_top: int | None = None,
+    negatives: int = 0,
+    autocast: torch.dtype | None = None,
+    warmup: int = 0,
+    clip: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW on the drafter's own weights (target embedding and LM head frozen); returns the loss per step.
 
-    ``block_size`` is the query width q = K + 1 (bonus first). Runs on the
+    ``block_size`` is the query width q = K + 1 (bonus first); ``keep_top`` and
+    ``negatives`` score against a vocabulary subset (``head_sampler``). Runs on the
     target's device; nothing here is CPU- or GPU-specific.
     """
     q = block_size
@@ -173,12 +189,15 @@ def train_dflash(
     gamma = gamma if gamma is not None else max(1.0, (q - 1) / 2)
     device = target.device
     aux_layers = tuple(aux_layers) if aux_layers is not None else default_aux_layers(network, target)
-    feats = target_features(target, sequences.to(device), aux_layers)
-    num, seq_len = sequences.shape
+    feats = as_features(target, sequences, aux_layers)
+    num, seq_len = feats.tokens.shape
+
+    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=negatives, dtype=autocast)
 
     def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
         anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, seq_len - q, g, device)
-        return dflash_loss(network, feats, index, anchors, q, gamma, labels)
+        head_rows = None if sampler.full else sampler.rows(g)
+        return dflash_loss(network, feats, index, anchors, q, gamma, labels, head_rows)
 
     with trainable(network) as params:
         return run_adamw(
@@ -190,4 +209,8 @@ def train_dflash(
             seed=seed,
             batch_loss=batch_loss,
             name="DFlash",
+            autocast=autocast,
+            warmup=warmup,
+            clip=clip,
+            on_step=on_step,
         )

@@ -16,7 +16,7 @@ own greedy continuation, so the accepted path). Loss: cross-entropy of step
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,9 @@ from torch import Tensor
 
 from backends.autoregressive.networks import EagleHead
 from backends.registry import spread_layers
-from backends.training.data import TargetFeatures, run_adamw, target_features
+from backends.training.data import TargetFeatures, as_features, run_adamw
 from backends.training.dflash import Labels, decay_weights, trainable
+from backends.training.vocab import HeadRows, head_sampler
 from specdec.model.transformer import Transformer
 
 
@@ -74,33 +75,55 @@ def unrolled_hidden(
 
 
 def eagle_loss(
-    head: EagleHead, feats: TargetFeatures, index: Int[Tensor, " batch"], depth: int, gamma: float, labels: Labels
+    head: EagleHead,
+    feats: TargetFeatures,
+    index: Int[Tensor, " batch"],
+    depth: int,
+    gamma: float,
+    labels: Labels,
+    picked: Int[Tensor, " picked"] | None = None,
+    rows_of_head: HeadRows | None = None,
 ) -> Tensor:
-    """Decay-weighted cross-entropy of draft steps 1..depth over every row with a label."""
+    """Decay-weighted cross-entropy of draft steps 1..depth over every row with a label.
+
+    ``picked`` (flat indices into ``batch x rows``) limits the loss to those
+    rows: the shared LM head costs far more per row than the head's own layer,
+    so a real-vocabulary run unrolls every row but scores a sample of them.
+    ``rows_of_head`` scores against those LM-head rows only (default: all).
+    """
     tokens = feats.tokens[index]
     seq_len = tokens.shape[1]
     rows = seq_len - depth - 1  # row t of step depth predicts position t + depth + 1 < seq_len
     if rows < 1:
         raise ValueError(f"sequences of {seq_len} tokens are too short to unroll {depth} draft steps")
-    fused = head.fuse_aux([a[index][:, :rows] for a in feats.aux])
+    batch, hidden_size = len(index), head.fuse.weight.shape[0]
+    dtype = head.fuse.weight.dtype  # features may be stored narrower (bf16)
+    flat_aux = [a[index][:, :rows].reshape(batch * rows, hidden_size).to(dtype) for a in feats.aux]
+    fused = head.fuse_aux(flat_aux).view(batch, rows, hidden_size)
     step_ids = [tokens[:, j : j + rows] for j in range(1, depth + 1)]
     hidden = unrolled_hidden(head, fused, step_ids)
     weights = decay_weights(depth, gamma, tokens.device)
     total = tokens.new_zeros((), dtype=torch.float32)
     for j, h in enumerate(hidden, start=1):
-        logits = head.target.compute_logits(head.norm(h.reshape(-1, h.shape[-1]))).float()
+        flat = h.reshape(-1, h.shape[-1])
         if labels == "greedy":  # the target's argmax for position p is read at position p - 1
-            want = feats.greedy_next[index][:, j : j + rows]
+            want = feats.greedy_next[index][:, j : j + rows].reshape(-1)
         else:
-            want = tokens[:, j + 1 : j + 1 + rows]
-        total = total + weights[j - 1] * F.cross_entropy(logits, want.reshape(-1))
+            want = tokens[:, j + 1 : j + 1 + rows].reshape(-1)
+        if picked is not None:
+            flat, want = flat[picked], want[picked]
+        if rows_of_head is None:
+            logits = head.target.compute_logits(head.norm(flat)).float()
+        else:
+            logits, want = rows_of_head.logits(head.norm(flat)).float(), rows_of_head.index(want)
+        total = total + weights[j - 1] * F.cross_entropy(logits, want)
     return total / weights.sum()
 
 
 def train_eagle(
     head: EagleHead,
     target: Transformer,
-    sequences: Int[Tensor, "num seq_len"],
+    sequences: Int[Tensor, "num seq_len"] | TargetFeatures,
     *,
     steps: int,
     depth: int = 3,
@@ -110,10 +133,20 @@ def train_eagle(
     gamma: float | None = None,
     labels: Labels = "greedy",
     aux_layers: Sequence[int] | None = None,
+    loss_rows: int | None = None,
+    keep_top: int | None = None,
+    negatives: int = 0,
+    autocast: torch.dtype | None = None,
+    warmup: int = 0,
+    clip: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW on the head's own weights (target embedding and LM head frozen); returns the loss per step.
 
     ``depth`` is how many draft steps are unrolled (the K it is tuned for).
+    ``sequences`` are token ids, or features precomputed by ``target_features``.
+    ``loss_rows`` scores that many random rows per batch (default: all);
+    ``keep_top``/``negatives`` score against a vocabulary subset (``head_sampler``).
     Runs on the target's device; nothing here is CPU- or GPU-specific.
     """
     if depth < 1:
@@ -122,20 +155,33 @@ def train_eagle(
     aux_layers = tuple(aux_layers) if aux_layers is not None else spread_layers(target.config.num_layers)
     if len(aux_layers) != head.num_aux:
         raise ValueError(f"the EAGLE head fuses {head.num_aux} target layers; aux_layers={aux_layers}")
-    feats = target_features(target, sequences.to(target.device), aux_layers)
+    feats = as_features(target, sequences, aux_layers)
+    rows = feats.tokens.shape[1] - depth - 1
+    if loss_rows is not None and loss_rows < 1:
+        raise ValueError(f"loss_rows must be >= 1, got {loss_rows}")
+
+    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=negatives, dtype=autocast)
 
     def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
-        del g  # every row of a sequence is a training position; no anchors to draw
-        return eagle_loss(head, feats, index, depth, gamma, labels)
+        head_rows = None if sampler.full else sampler.rows(g)
+        picked = None
+        total = len(index) * rows
+        if loss_rows is not None and loss_rows < total:
+            picked = torch.randperm(total, generator=g)[:loss_rows].to(index.device)
+        return eagle_loss(head, feats, index, depth, gamma, labels, picked, head_rows)
 
     with trainable(head) as params:  # the target is held outside the head's parameters
         return run_adamw(
             params,
             steps=steps,
             lr=lr,
-            num_sequences=sequences.shape[0],
+            num_sequences=feats.tokens.shape[0],
             batch_size=batch_size,
             seed=seed,
             batch_loss=batch_loss,
             name="EAGLE",
+            autocast=autocast,
+            warmup=warmup,
+            clip=clip,
+            on_step=on_step,
         )

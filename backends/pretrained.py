@@ -1,0 +1,102 @@
+"""Trained drafter weights shipped with the package: where they live, how they are written and loaded.
+
+One safetensors file per (target model, backend) under
+``backends/weights/<model>/<backend>.safetensors`` holds only the drafter's
+own parameters (never the target's shared embedding or LM head), in bf16,
+with string metadata that says how to rebuild the network (layers, rank, aux
+layers, K) and how it was trained. Loading casts to the target's dtype and
+refuses a file whose names or shapes do not fit the network built for the
+target, so a file trained for another model cannot load silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+FORMAT = "specdec-drafter/1"
+
+
+def weights_path(model: str, backend: str) -> Path:
+    """The shipped file for ``backend``'s drafter of target ``model`` (which may not exist)."""
+    if not model or "/" in model or model.startswith("."):
+        raise ValueError(f"not a model name: {model!r}")
+    return WEIGHTS_DIR / model / f"{backend}.safetensors"
+
+
+def resolve(pretrained: str | Path, backend: str) -> Path:
+    """A model name (shipped weights) or a path to a ``.safetensors`` file; a clear error when it is missing."""
+    as_path = Path(pretrained)
+    path = as_path if as_path.suffix == ".safetensors" else weights_path(str(pretrained), backend)
+    if not path.is_file():
+        shipped = sorted(
+            f"{d.name}/{f.stem}" for d in WEIGHTS_DIR.glob("*") if d.is_dir() for f in d.glob("*.safetensors")
+        )
+        raise FileNotFoundError(
+            f"no trained {backend} drafter weights at {path}; shipped: {', '.join(shipped) or 'none'} "
+            "(train one with `python -m backends.training.cli train`)"
+        )
+    return path
+
+
+def save_drafter(
+    path: Path, modules: Mapping[str, nn.Module], metadata: Mapping[str, object], dtype: torch.dtype = torch.bfloat16
+) -> int:
+    """Write the modules' own parameters (prefixed ``<name>.``) in ``dtype``; returns the file size in bytes.
+
+    Metadata values that are not strings are stored as JSON.
+    """
+    state: dict[str, Tensor] = {}
+    for prefix, module in modules.items():
+        for name, p in module.state_dict().items():
+            state[f"{prefix}.{name}"] = p.detach().to("cpu", dtype).contiguous()
+    meta = {"format": FORMAT} | {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata=meta)
+    return path.stat().st_size
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The file's string metadata; raises ``ValueError`` for a file that is not a drafter checkpoint."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a specdec drafter file (format {meta.get('format')!r}, want {FORMAT!r})")
+    return meta
+
+
+def meta_json(meta: Mapping[str, str], key: str, path: Path) -> object:
+    """One JSON-encoded metadata field, with the file named in the error when it is absent or malformed."""
+    try:
+        return json.loads(meta[key])
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: metadata field {key!r} is missing or not JSON") from exc
+
+
+@torch.no_grad()
+def load_drafter(path: Path, modules: Mapping[str, nn.Module]) -> None:
+    """Copy the file's tensors into the modules (cast to each parameter's dtype and device), all or nothing."""
+    with safe_open(str(path), framework="pt") as f:
+        stored = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not iterable
+    wanted = {f"{prefix}.{name}": p for prefix, module in modules.items() for name, p in module.state_dict().items()}
+    missing = sorted(set(wanted) - set(stored))
+    extra = sorted(set(stored) - set(wanted))
+    bad = [
+        f"{n} {tuple(stored[n].shape)} (network {tuple(p.shape)})"
+        for n, p in wanted.items()
+        if n in stored and stored[n].shape != p.shape
+    ]
+    if missing or extra or bad:
+        raise ValueError(
+            f"{path} does not fit this target's drafter: missing {missing[:5]}, unexpected {extra[:5]}, "
+            f"shape mismatches {bad[:5]} (trained for another model or configuration?)"
+        )
+    for name, p in wanted.items():
+        p.copy_(stored[name].to(p.dtype))

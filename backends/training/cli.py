@@ -1,0 +1,319 @@
+"""``python -m backends.training.cli``: build a real target's training features, train a drafter, measure tau.
+
+Three steps, each a subcommand, so one feature file (the expensive target
+pass) serves all three drafters::
+
+    python -m backends.training.cli features --model smollm2-135m-instruct --out /tmp/feats.safetensors
+    python -m backends.training.cli train --backend eagle --features /tmp/feats.safetensors --steps 600 \\
+        --out backends/weights/smollm2-135m-instruct/eagle.safetensors
+    python -m backends.training.cli tau --model smollm2-135m-instruct --backend eagle
+
+Step counts are fixed (never a time limit), so a run is reproducible from its
+command line; wall time is printed and recorded in the weights' metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+BACKENDS = ("eagle", "dflash", "dspark")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def feature_layers(num_layers: int) -> tuple[int, ...]:
+    """Every layer any built-in drafter injects: EAGLE's three and DFlash/DSpark's five."""
+    from backends.registry import spread_layers
+
+    return tuple(sorted(set(spread_layers(num_layers)) | set(spread_layers(num_layers, count=5))))
+
+
+def generation_progress(suite: str, done: int, total: int) -> None:
+    log(f"{suite}: generated {done}/{total}")
+
+
+def feature_progress(done: int, total: int) -> None:
+    if done % 100 == 0 or done == total:
+        log(f"features {done}/{total}; {resident_memory()}")
+
+
+def resident_memory() -> str:
+    """This process's resident memory (Linux), for logs of long runs; empty elsewhere."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/self/status") if line.startswith("VmRSS"))
+    except (OSError, StopIteration):
+        return ""
+
+
+def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
+    """Corpus windows and target continuations of the train-split prompts, as one batch of token windows."""
+    from backends.training.corpus import generated_chunks, greedy_continuations, text_chunks
+    from specdec.corpora import SUITES, prompt_suite, training_texts
+
+    stop = tokenizer.stop_token_ids
+    eos = tokenizer.eos_token_id
+    parts = text_chunks(
+        tokenizer,
+        training_texts(),
+        seq_len=args.seq_len,
+        per_group=args.text_per_group,
+        per_document=args.per_document,
+        seed=0,
+    )
+    for part in parts:
+        log(part.summary)
+    for suite in SUITES:
+        prompts = prompt_suite(suite, split="train")[: args.prompts_per_suite]
+        ids = [
+            tokenizer.encode_chat([{"role": "user", "content": p.text}]) if p.chat else tokenizer.encode(p.text)
+            for p in prompts
+        ]
+        t0 = time.perf_counter()
+        seqs = greedy_continuations(
+            target,
+            ids,
+            max_tokens=args.gen_tokens,
+            stop_token_ids=stop,
+            batch=args.gen_batch,
+            progress=functools.partial(generation_progress, suite),
+        )
+        part = generated_chunks(f"{suite} (train split)", seqs, seq_len=args.seq_len, eos=eos, limit=args.gen_limit)
+        log(f"{part.summary} in {time.perf_counter() - t0:.0f} s; {resident_memory()}")
+        parts.append(part)
+    return torch.cat([p.tokens for p in parts]), [p.summary for p in parts]
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    import contracts
+    from backends.training.data import target_features
+    from specdec.models import load
+
+    contracts.set_mode("off")
+    start = time.perf_counter()
+    target, tokenizer = load(args.model, dtype=DTYPES[args.dtype])
+    tokens_file = Path(str(args.out) + ".tokens.safetensors")
+    if args.reuse_tokens and tokens_file.is_file():
+        tokens = load_file(str(tokens_file))["tokens"]
+        with safe_open(str(tokens_file), framework="pt") as f:
+            summary = list(json.loads((f.metadata() or {})["summary"]))
+        log(f"reusing {len(tokens)} windows from {tokens_file}")
+    else:
+        tokens, summary = build_windows(args, target, tokenizer)
+        tokens_file.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"tokens": tokens.contiguous()}, str(tokens_file), metadata={"summary": json.dumps(summary)})
+    log(f"{len(tokens)} sequences of {args.seq_len} tokens; running the target over them")
+    feats = target_features(
+        target,
+        tokens,
+        feature_layers(target.config.num_layers),
+        top_k=args.top_k,
+        aux_dtype=torch.bfloat16,
+        progress=feature_progress,
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    feats.save(out, {"model": args.model, "summary": json.dumps(summary)})
+    agree = float((feats.greedy_next[:, :-1] == feats.tokens[:, 1:]).float().mean())
+    log(f"wrote {out} in {time.perf_counter() - start:.0f} s; text/target agreement {agree:.3f}")
+    return 0
+
+
+def load_features(path: str) -> tuple[str, list[str], Any]:
+    from backends.training.data import TargetFeatures
+
+    feats, meta = TargetFeatures.load(Path(path))
+    return meta["model"], list(json.loads(meta["summary"])), feats
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from backends.pretrained import save_drafter
+    from backends.registry import spread_layers
+    from specdec.models import load
+
+    torch.manual_seed(args.seed)
+    model, summary, feats = load_features(args.features)
+    target, _ = load(model)
+    n = target.config.num_layers
+    aux = spread_layers(n) if args.backend == "eagle" else spread_layers(n, count=5)
+    common: dict[str, Any] = {
+        "steps": args.steps,
+        "lr": args.lr,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "aux_layers": aux,
+        "autocast": DTYPES[args.dtype] if args.dtype != "fp32" else None,
+        "warmup": args.warmup,
+        "clip": args.clip,
+        "keep_top": args.keep_top,
+        "negatives": args.negatives,
+    }
+    start = time.perf_counter()
+
+    def on_step(step: int, loss: float) -> None:
+        if step % args.log_every == 0 or step == args.steps:
+            log(f"{args.backend} step {step}/{args.steps} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)")
+
+    modules: dict[str, torch.nn.Module]
+    network: dict[str, Any] = {"aux_layers": list(aux), "num_spec_tokens": args.k}
+    if args.backend == "eagle":
+        from backends.autoregressive import EagleHead
+        from backends.training.eagle import train_eagle
+
+        head = EagleHead(target, num_aux=len(aux), seed=args.seed)
+        modules = {"head": head}
+        network["num_layers"] = 1
+        losses = train_eagle(head, target, feats, depth=args.k, loss_rows=args.loss_rows, on_step=on_step, **common)
+    else:
+        from backends.dflash import DFlashNetwork
+        from backends.training.dflash import train_dflash
+
+        net = DFlashNetwork(target, num_aux=len(aux), seed=args.seed, num_layers=args.num_layers)
+        network["num_layers"] = args.num_layers
+        anchors = {"anchors_per_seq": args.anchors}
+        if args.backend == "dflash":
+            modules = {"network": net}
+            losses = train_dflash(net, target, feats, block_size=args.k + 1, on_step=on_step, **anchors, **common)
+        else:
+            from backends.dspark import DSparkHeads
+            from backends.training.dspark import train_dspark
+
+            c = target.config
+            heads = DSparkHeads(c.hidden_size, c.vocab_size, rank=args.rank, seed=args.seed, markov_scale=0.0)
+            modules = {"network": net, "heads": heads}
+            network["rank"] = args.rank
+            losses = train_dspark(net, heads, target, feats, block_size=args.k, on_step=on_step, **anchors, **common)
+    wall = time.perf_counter() - start
+    tail = losses[-min(50, len(losses)) :]
+    final = sum(tail) / len(tail)
+    training = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "clip": args.clip,
+        "keep_top": args.keep_top,
+        "negatives": args.negatives,
+        "seed": args.seed,
+        "dtype": args.dtype,
+        "first_loss": round(losses[0], 4),
+        "final_loss": round(final, 4),
+        "final_loss_note": f"mean of the last {len(tail)} steps",
+        "wall_s": round(wall),
+        "threads": torch.get_num_threads(),
+        "sequences": int(feats.tokens.shape[0]),
+        "seq_len": int(feats.tokens.shape[1]),
+    }
+    meta = {
+        "backend": args.backend,
+        "model": model,
+        "network": network,
+        "training": training,
+        "data": summary,
+        "command": "python -m backends.training.cli " + shlex.join(sys.argv[1:]),
+    }
+    size = save_drafter(Path(args.out), modules, meta)
+    log(f"wrote {args.out} ({size / 1e6:.1f} MB): {json.dumps(training)}")
+    if args.losses:
+        Path(args.losses).write_text(json.dumps(losses))
+    return 0
+
+
+def cmd_tau(args: argparse.Namespace) -> int:
+    import contracts
+    from backends.training.evaluate import measure_tau
+    from specdec.corpora import prompt_suite
+    from specdec.models import load
+
+    contracts.set_mode("off")
+    target, tokenizer = load(args.model)
+    result: dict[str, Any] = {"backend": args.backend, "weights": args.weights}
+    for suite in args.suites.split(","):
+        prompts = prompt_suite(suite)[: args.prompts]
+        ids = [
+            tokenizer.encode_chat([{"role": "user", "content": p.text}]) if p.chat else tokenizer.encode(p.text)
+            for p in prompts
+        ]
+        pretrained = None if args.weights == "random" else (args.weights or args.model)
+        result[suite] = round(
+            measure_tau(target, ids, args.backend, pretrained=pretrained, k=args.k, max_tokens=args.max_tokens), 3
+        )
+        log(f"{args.backend} {suite}: tau {result[suite]}")
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backends.training.cli", description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("features", help="generate target continuations and run the target over the corpus")
+    f.add_argument("--model", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--reuse-tokens", action="store_true", help="reuse OUT.tokens.safetensors windows of an earlier run")
+    f.add_argument("--seq-len", type=int, default=256)
+    f.add_argument("--text-per-group", type=int, default=200, help="windows per corpus (stdlib, Shakespeare, ...)")
+    f.add_argument("--per-document", type=int, default=8, help="windows from one long document at most")
+    f.add_argument("--prompts-per-suite", type=int, default=None, help="train-split prompts per suite (default all)")
+    f.add_argument("--gen-tokens", type=int, default=256, help="greedy tokens generated per prompt at most")
+    f.add_argument("--gen-limit", type=int, default=400, help="windows of generated text per suite at most")
+    f.add_argument("--gen-batch", type=int, default=16)
+    f.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="target dtype (generation and features)")
+    f.add_argument("--top-k", type=int, default=8, help="target probabilities kept per position (DSpark's TV)")
+    f.set_defaults(run=cmd_features)
+
+    t = sub.add_parser("train", help="train one drafter on a feature file and write its safetensors")
+    t.add_argument("--backend", choices=BACKENDS, required=True)
+    t.add_argument("--features", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--k", type=int, default=4, help="draft tokens the drafter is trained for")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--warmup", type=int, default=50)
+    t.add_argument("--clip", type=float, default=1.0, help="gradient-norm cap")
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="autocast of the forward")
+    t.add_argument("--loss-rows", type=int, default=None, help="EAGLE: rows scored per batch (default all)")
+    t.add_argument("--keep-top", type=int, default=None, help="score against data tokens + target top-N only")
+    t.add_argument("--negatives", type=int, default=0, help="with --keep-top: random other LM-head rows per batch")
+    t.add_argument("--anchors", type=int, default=32, help="DFlash/DSpark: anchors per sequence")
+    t.add_argument("--num-layers", type=int, default=1, help="DFlash/DSpark decoder layers")
+    t.add_argument("--rank", type=int, default=32, help="DSpark Markov head rank")
+    t.add_argument("--log-every", type=int, default=25)
+    t.add_argument("--losses", default=None, help="also write the per-step losses here (JSON)")
+    t.set_defaults(run=cmd_train)
+
+    m = sub.add_parser("tau", help="acceptance length on held-out bench prompts (greedy)")
+    m.add_argument("--model", required=True)
+    m.add_argument("--backend", choices=BACKENDS, required=True)
+    m.add_argument("--weights", default=None, help="'random', a .safetensors path, or default: the shipped ones")
+    m.add_argument("--suites", default="humaneval,mtbench,shakespeare")
+    m.add_argument("--prompts", type=int, default=8)
+    m.add_argument("--max-tokens", type=int, default=64)
+    m.add_argument("--k", type=int, default=4)
+    m.set_defaults(run=cmd_tau)
+
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
