@@ -7,6 +7,7 @@ figures the project tracks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from queue import Empty
 from typing import Any
 from xml.etree import ElementTree
 
@@ -30,23 +32,38 @@ from specdec.testing.conformance import (
     run_family,
     supports_option,
 )
+from specdec.testing.dp_run import reference_cache, set_reference_cache
 
 BUILT_IN = ("eagle", "draft-model", "dflash", "dspark")
 
 
-def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int, queue: Any) -> FamilyResult:
-    """One (backend, family, tensor mode) cell in a worker process; progress goes back through ``queue``."""
+_progress: Any = None
+"""A worker's end of the progress queue (set by ``_init_worker``)."""
+
+
+def _init_worker(queue: Any) -> None:
+    """A worker process: one intra-op thread, plain references shared by all the cells it runs, the progress queue.
+
+    The queue comes with the process (a plain multiprocessing queue, no manager process to serve it).
+    """
     import torch
 
-    torch.set_num_threads(1)  # tiny models: one thread per worker process beats intra-op threads
+    global _progress
+    torch.set_num_threads(1)  # tiny models: under load, a second intra-op thread makes an op 10-80x slower
+    set_reference_cache(True)
+    _progress = queue
+
+
+def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int) -> FamilyResult:
+    """One (backend, family, tensor mode) cell in a worker process; progress goes back through the queue."""
     key = (backend, family, mode)
     last = [0.0]
 
     def report(r: FamilyResult) -> None:
         now = time.perf_counter()
-        if now - last[0] >= 1.0:  # progress is IPC through the manager: at most once a second per worker
+        if now - last[0] >= 1.0 and _progress is not None:  # progress is IPC: at most once a second per worker
             last[0] = now
-            queue.put((key, r.examples))
+            _progress.put((key, r.examples))
 
     return run_family(factory_for(backend), family, examples=examples, tensor_mode=mode, seed=seed, on_example=report)
 
@@ -70,9 +87,11 @@ def run_matrix(
         return _run_matrix_here(backends, families=families, examples=examples, tensor_modes=tensor_modes, seed=seed)
     reports: list[tuple[ConformanceReport, float]] = []
     context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
     with (
-        context.Manager() as manager,
-        ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool,
+        ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_init_worker, initargs=(queue,)
+        ) as pool,
         Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -80,28 +99,29 @@ def run_matrix(
             TimeElapsedColumn(),
             console=console,
             transient=True,
+            refresh_per_second=2,  # the parent shares the cores with the workers
         ) as progress,
     ):
-        queue = manager.Queue()
         for backend in backends:
             factory = factory_for(backend)
-            cells = [
-                (family, mode)
-                for mode in tensor_modes
-                for family in families
-                if family != "capacity" or supports_option(factory, "capacity")
-            ]
+            cells = _cells(factory, families, tensor_modes)
             task = progress.add_task(f"{backend} ({workers} workers)", total=examples * len(cells))
             done: dict[tuple[str, str, str], int] = {}
             start = time.perf_counter()
-            futures = [pool.submit(_run_cell, backend, f, m, examples, seed, queue) for f, m in cells]
-            while not all(f.done() for f in futures):
-                wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
-                while not queue.empty():
-                    key, count = queue.get()
-                    done[key] = count
+            # The longest cells first (fake-cuda replays, then many-rank families), so no worker idles at the end.
+            order = sorted(cells, key=lambda c: (c[1] != "fake-cuda", c[0] not in _SLOW))
+            futures = [pool.submit(_run_cell, backend, f, m, examples, seed) for f, m in order]
+            pending = set(futures)
+            while pending:
+                # Only the unfinished ones: waiting on a finished future returns at once (a busy loop on a core).
+                pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED).not_done
+                with contextlib.suppress(Empty):
+                    while True:
+                        key, count = queue.get_nowait()
+                        done[key] = count
                 progress.update(task, completed=sum(done.values()))
-            results = [f.result() for f in futures]
+            by_cell = {(r.family, r.tensor_mode): r for r in (f.result() for f in futures)}
+            results = [by_cell[c] for c in cells]
             reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
     return reports
 
@@ -110,18 +130,38 @@ def _run_matrix_here(
     backends: Sequence[str], *, families: Sequence[str], examples: int, tensor_modes: Sequence[str], seed: int
 ) -> list[tuple[ConformanceReport, float]]:
     """The one-worker matrix, in this process (no pool to start: tests and debugging)."""
+    import torch
+
     reports = []
-    for backend in backends:
-        factory = factory_for(backend)
-        start = time.perf_counter()
-        results = [
-            run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed)
-            for mode in tensor_modes
-            for family in families
-            if family != "capacity" or supports_option(factory, "capacity")
-        ]
-        reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker process
+    try:
+        with reference_cache():
+            for backend in backends:
+                factory = factory_for(backend)
+                start = time.perf_counter()
+                results = [
+                    run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed)
+                    for family, mode in _cells(factory, families, tensor_modes)
+                ]
+                reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(threads)
     return reports
+
+
+_SLOW = ("dp", "draft-length", "chunked-prefill")
+"""Families whose examples run the most rank engines or draft steps."""
+
+
+def _cells(factory: Any, families: Sequence[str], tensor_modes: Sequence[str]) -> list[tuple[str, str]]:
+    """A backend's (family, tensor mode) cells in report order; ``capacity`` only where it is an option."""
+    return [
+        (family, mode)
+        for mode in tensor_modes
+        for family in families
+        if family != "capacity" or supports_option(factory, "capacity")
+    ]
 
 
 def render(reports: Sequence[tuple[ConformanceReport, float]], families: Sequence[str]) -> Table:
@@ -190,7 +230,7 @@ def main(
     backends: Sequence[str] | None,
     *,
     families: Sequence[str] | None = None,
-    examples: int = 300,
+    examples: int = 167,
     tensor_modes: Sequence[str] = TENSOR_MODES,
     seed: int = 0,
     json_path: str | None = None,
@@ -206,6 +246,9 @@ def main(
             f"[red]unknown families or tensor modes {unknown}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
         )
         return 2
+    if examples < 1 or (workers is not None and workers < 1):
+        console.print(f"[red]--examples and --workers must be at least 1 (got {examples} and {workers})")
+        return 2
     workers = workers or os.cpu_count() or 1
     reports = run_matrix(
         chosen, families=fams, examples=examples, tensor_modes=tensor_modes, seed=seed, console=console, workers=workers
@@ -213,9 +256,12 @@ def main(
     console.print(render(reports, fams))
     for report, seconds in reports:
         rate = report.examples / seconds if seconds else 0.0
+        cpu = sum(r.cpu_seconds for r in report.results)
         console.print(
             f"{report.backend}: {report.examples} generated configurations in {seconds:.1f} s "
-            f"({rate:.1f}/s); {'all passed' if report.ok else 'FAILED: ' + ', '.join(report.violated)}"
+            f"({rate:.1f}/s with {workers} worker{'s' if workers > 1 else ''}; {cpu:.0f} CPU-s, "
+            f"{report.examples / cpu if cpu else 0.0:.1f} per CPU-second); "
+            f"{'all passed' if report.ok else 'FAILED: ' + ', '.join(report.violated)}"
         )
         for r in report.results:
             if r.first_failure:

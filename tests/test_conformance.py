@@ -6,16 +6,20 @@ import dataclasses
 import json
 import textwrap
 from typing import Any
+from unittest import mock
 from xml.etree import ElementTree
 
 import pytest
 from hypothesis import Phase, given, seed, settings
+from hypothesis import strategies as st
 
 from specdec.backend_registry import factory_for
 from specdec.engine import Engine
 from specdec.model.transformer import Transformer
+from specdec.sampling import SamplingParams
 from specdec.speculator import Proposal, Speculator, TargetStep
 from specdec.testing.conformance import (
+    AXES,
     FAMILIES,
     MODEL,
     TENSOR_MODES,
@@ -27,7 +31,15 @@ from specdec.testing.conformance import (
     run_family,
     supports_option,
 )
-from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
+from specdec.testing.dp_run import (
+    DPRunSpec,
+    RequestSpec,
+    merged,
+    plain_outputs,
+    plain_reference,
+    reference_cache,
+    run_in_process,
+)
 
 BUILT_IN = ["eagle", "draft-model", "dflash", "dspark"]
 
@@ -237,3 +249,59 @@ def test_the_fake_device_replay_catches_what_only_a_gpu_would_show(wrapper: Any,
     result = run_family(factory, "dp", examples=3, tensor_mode="fake-cuda", stop_at_first_failure=True)
     assert not result.passed and any(m in (result.first_failure or "") for m in message), result.first_failure
     assert "fake-cuda replay" in (result.first_failure or "") and TENSOR_MODES == ("cpu", "fake-cuda", "cuda")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_run_family_cycles_through_every_axis_value(family: str) -> None:
+    """Example ``i`` of a cell takes ``AXES[family][i % n]``: coverage by construction, not by the draw."""
+    seen: list[Case] = []
+
+    @seed(3)
+    @settings(max_examples=1, database=None, phases=[Phase.generate], deadline=None)
+    @given(st.data())
+    def collect(data: st.DataObject) -> None:
+        seen.extend(data.draw(family_cases(family, cycle=i)) for i in range(len(AXES[family])))
+
+    collect()
+    runs = [c.run for c in seen]
+    if family == "dp":
+        assert [(r.dp_size) for r in runs] == [dp for dp, _ in AXES["dp"]]
+        for (dp, layout), r in zip(AXES["dp"], runs, strict=True):
+            counts = [len(rank) for rank in r.requests]
+            assert counts[0] >= 1
+            if dp > 1 and layout == "idle":
+                assert counts[-1] == 0
+            if dp > 1 and layout == "uneven":
+                assert counts[-1] != counts[0]
+    if family == "graph":
+        assert {(r.engine.capture.mode, r.dp_size) for r in runs} == set(AXES["graph"])
+    if family == "draft-length":
+        assert [(c.options["num_spec_tokens"], c.run.dp_size) for c in seen] == list(AXES["draft-length"])
+    if family == "chunked-prefill":
+        long = seen[AXES[family].index("long")].run
+        assert len(long.requests[0][0].prompt) > long.engine.scheduler.max_num_batched_tokens
+    if family == "acceptance":
+        assert [c.acceptance for c in seen] == list(AXES["acceptance"])
+    if family == "sampling":
+        assert not seen[AXES[family].index("sampled")].run.requests[0][0].params.greedy
+    if family == "capacity":
+        assert [c.options["capacity"] for c in seen] == list(AXES["capacity"])
+
+
+def test_plain_reference_reuses_continuations_and_matches_plain_decoding() -> None:
+    engine = _cases("dp", 1)[0].run.engine
+    greedy = (RequestSpec("a", (5, 6, 7), 9), RequestSpec("b", (1,), 4))
+    sampled = RequestSpec("s", (2, 3), 3, params=SamplingParams(temperature=1.0))
+    spec = DPRunSpec(MODEL, 1, engine, ((*greedy, sampled),))
+    plain = plain_outputs(spec)
+    assert plain_reference(spec) == {"a": plain["a"], "b": plain["b"]}  # no cache: decoded afresh, greedy only
+    shorter = DPRunSpec(MODEL, 1, engine, ((RequestSpec("x", (5, 6, 7), 4),), (RequestSpec("y", (1,), 6),)))
+    with reference_cache():
+        assert plain_reference(spec) == {"a": plain["a"], "b": plain["b"]}
+        with mock.patch("specdec.testing.dp_run.Engine", side_effect=AssertionError("decoded again")):
+            assert plain_reference(spec) == {"a": plain["a"], "b": plain["b"]}  # all known now
+            with pytest.raises(AssertionError, match="decoded again"):
+                plain_reference(shorter)  # "y" wants 6 tokens of a continuation known to 4
+        reference = plain_reference(shorter)
+        assert reference["x"] == plain["a"][:4]
+        assert reference["y"] == plain_outputs(shorter)["y"]

@@ -49,7 +49,8 @@ from specdec.model.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
-from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_in_process
+from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_reference, run_in_process, shared_target
+from specdec.testing.meta_memo import MetaMemo
 
 Factory = Callable[..., Speculator]
 
@@ -160,7 +161,7 @@ def run_case(
     try:
         with contracts.enforce(mode):  # the plain reference is judged by the same contracts, inside the same guard
             if not replaying or case.acceptance is not None:
-                plain = plain_outputs(spec)
+                plain = plain_reference(spec)  # greedy requests only: the rest are checked by contracts alone
             if case.acceptance is not None and plain is not None:
                 prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
                 sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
@@ -267,11 +268,16 @@ def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[st
             def move(t: torch.Tensor) -> torch.Tensor:
                 return mode.from_tensor(t).to("cuda")
         else:
+            # Meta kernels are Python on this build: compute each distinct call once (``meta_memo``).
+            stack.enter_context(MetaMemo())
 
             def move(t: torch.Tensor) -> torch.Tensor:
                 return t.to("meta")
 
-        target = Transformer(case.run.model, seed=case.run.model_seed, device=device, draw_weights=False)
+        if device == "meta":  # read-only and data-less: one per seed, like the CPU targets
+            target = shared_target(case.run.model, case.run.model_seed, device)
+        else:  # fake tensors belong to this replay's FakeTensorMode
+            target = Transformer(case.run.model, seed=case.run.model_seed, device=device, draw_weights=False)
         speculator = factory(target, **case.options)
         ctx = _HostSyncContext(
             backend=speculator.name,
@@ -313,40 +319,75 @@ def replay_on_fake_cuda(
 # -- the families ------------------------------------------------------------------------------------------------
 
 
+LAYOUTS = ("idle", "uneven", "any")
+"""How a DP run's ranks are filled: the last rank idle, the last rank's count unlike rank 0's, or as drawn."""
+AXES: dict[str, tuple[Any, ...]] = {
+    "dp": tuple((dp, LAYOUTS[i % 3]) for i, dp in enumerate((1, 2, 4, 8) * 3)),
+    "graph": tuple((mode, (1, 2)[i % 2]) for i, mode in enumerate(tuple(CUDAGraphMode) * 2)),
+    "draft-length": tuple((k, dp) for dp in (1, 2) for k in range(1, 9)),
+    "chunked-prefill": ("long", "any"),
+    "acceptance": ("all-accept", "all-reject", "random"),
+    "sampling": ("sampled", "any"),
+    "capacity": ("threshold", "budget", "full"),
+}
+"""The values each family cycles through in ``run_family``, one per example in turn, so that every DP size with
+idle and uneven ranks, every graph mode, every K, a prompt longer than the budget, a sampled request, every
+acceptance pattern and every capacity is tried within the first examples of a cell, not where the draw happens
+to land (everything else is still drawn)."""
+
+
 @st.composite
 @no_type_check
 def _requests(
     draw: st.DrawFn,
     dp: int,
     *,
+    ranks_drawn: int | None = None,
     max_reqs: int = 3,
+    keep_reqs: int | None = None,
     prompt: tuple[int, int] = (1, 8),
     max_tokens: tuple[int, int] = (1, 6),
     sampled: bool = False,
+    layout: str = "any",
+    force_sampled: bool = False,
+    first_prompt_min: int = 0,
+    lengthen: bool = False,
 ) -> tuple[tuple[RequestSpec, ...], ...]:
-    """Per-rank requests; rank 0 always has one, others may idle, counts differ between ranks."""
+    """Per-rank requests; rank 0 always has one, others may idle, counts differ between ranks.
+
+    The draws do not depend on what is forced, so a cycled axis keeps Hypothesis's
+    data generation consistent: ``ranks_drawn`` ranks are drawn and the first
+    ``dp`` kept, each with at most ``keep_reqs`` of its requests; ``layout`` (see
+    ``LAYOUTS``) makes the last rank idle or its count unlike rank 0's;
+    ``force_sampled`` samples rank 0's first request; ``lengthen`` makes its
+    prompt at least ``first_prompt_min`` tokens long with tokens drawn for that.
+    """
+    token = st.integers(0, MODEL.vocab_size - 1)
     ranks = []
-    for rank in range(dp):
-        n = draw(st.integers(0 if rank else 1, max_reqs))
+    for rank in range(max(dp, ranks_drawn or dp)):
         reqs = []
-        for i in range(n):
+        for i in range(draw(st.integers(0 if rank else 1, max_reqs))):
             params = SamplingParams(temperature=0.0)
-            if sampled and draw(st.booleans()):
-                params = SamplingParams(
+            if sampled:
+                chosen = draw(st.booleans())
+                sampled_params = SamplingParams(
                     temperature=draw(st.sampled_from([0.5, 1.0])),
                     top_k=draw(st.none() | st.integers(1, 8)),
                     top_p=draw(st.none() | st.sampled_from([0.5, 0.9])),
                 )
-            reqs.append(
-                RequestSpec(
-                    f"r{rank}.{i}",
-                    tuple(draw(st.lists(st.integers(0, MODEL.vocab_size - 1), min_size=prompt[0], max_size=prompt[1]))),
-                    max_tokens=draw(st.integers(*max_tokens)),
-                    params=params,
-                )
-            )
+                params = sampled_params if chosen or (force_sampled and rank == 0 and i == 0) else params
+            tokens = tuple(draw(st.lists(token, min_size=prompt[0], max_size=prompt[1])))
+            if rank == 0 and i == 0 and first_prompt_min:
+                extra = draw(st.lists(token, min_size=first_prompt_min, max_size=first_prompt_min))
+                tokens = (tokens + tuple(extra))[: max(len(tokens), first_prompt_min)] if lengthen else tokens
+            reqs.append(RequestSpec(f"r{rank}.{i}", tokens, max_tokens=draw(st.integers(*max_tokens)), params=params))
+        reqs = reqs[: keep_reqs or None]
+        if rank == dp - 1 and rank and layout == "idle":
+            reqs = []
+        elif rank == dp - 1 and rank and layout == "uneven" and len(reqs) == len(ranks[0]):
+            reqs = reqs[:-1]
         ranks.append(tuple(reqs))
-    return tuple(ranks)
+    return tuple(ranks[:dp])
 
 
 def _engine(budget: int, block_size: int, capture: CaptureConfig) -> EngineConfig:
@@ -360,8 +401,19 @@ def _engine(budget: int, block_size: int, capture: CaptureConfig) -> EngineConfi
 
 @st.composite
 @no_type_check
-def family_cases(draw: st.DrawFn, family: str, options: Mapping[str, Any] | None = None) -> Case:
-    """One example of ``family``; ``options`` are extra backend options fixed for the whole run."""
+def family_cases(
+    draw: st.DrawFn, family: str, options: Mapping[str, Any] | None = None, cycle: int | None = None
+) -> Case:
+    """One example of ``family``; ``options`` are extra backend options fixed for the whole run.
+
+    ``cycle`` (the example's index) takes the family's axis value from ``AXES``
+    in turn instead of drawing it; no later draw depends on the axis value, so
+    Hypothesis sees the same data generation whatever the cycle picks.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown configuration family {family!r}; known: {sorted(FAMILIES)}")
+    values = AXES[family]
+    axis = values[draw(st.integers(0, len(values) - 1)) if cycle is None else cycle % len(values)]
     base = dict(options or {})
     k = draw(st.integers(1, 4))
     dp, mode, acceptance = 1, CUDAGraphMode.NONE, None
@@ -369,34 +421,29 @@ def family_cases(draw: st.DrawFn, family: str, options: Mapping[str, Any] | None
     budget = draw(st.integers(8, 32))
     req_kw: dict[str, Any] = {}
     if family == "dp":
-        dp = draw(st.sampled_from([1, 2, 4, 8]))
-        req_kw = {"max_reqs": 3 if dp <= 2 else 2, "max_tokens": (1, 4)}
+        dp, layout = axis
+        keep = 3 if dp <= 2 else 2
+        req_kw = {"ranks_drawn": 8, "keep_reqs": keep, "max_tokens": (1, 4), "layout": layout}
     elif family == "graph":
-        dp = draw(st.sampled_from([1, 2]))
-        mode = draw(st.sampled_from(list(CUDAGraphMode)))
+        mode, dp = axis
         sizes = tuple(sorted(draw(st.sets(st.integers(1, 40), min_size=1, max_size=5))))
+        req_kw = {"ranks_drawn": 2}
     elif family == "draft-length":
-        k = draw(st.integers(1, 8))
-        dp = draw(st.sampled_from([1, 2]))
+        k, dp = axis
+        req_kw = {"ranks_drawn": 2}
     elif family == "chunked-prefill":
         budget = draw(st.integers(3, 10))
-        req_kw = {"prompt": (4, 20), "max_reqs": 4}
+        req_kw = {"prompt": (4, 20), "max_reqs": 4, "first_prompt_min": budget + 1, "lengthen": axis == "long"}
     elif family == "acceptance":
-        acceptance = draw(st.sampled_from(["all-accept", "all-reject", "random"]))
+        acceptance = axis
         k = draw(st.integers(1, 6))
         req_kw = {"max_tokens": (2, 12)}
     elif family == "sampling":
-        req_kw = {"sampled": True}
-    elif family == "capacity":
-        choice = draw(st.sampled_from(["threshold", "budget", "full"]))
-        base["capacity"] = choice
-        if choice == "threshold":
-            base["tau"] = draw(st.floats(0.0, 1.0))
-        elif choice == "budget":
-            base["c0"] = draw(st.floats(0.1, 4.0))
-            base["c1"] = draw(st.floats(0.0, 1.0))
-    else:
-        raise ValueError(f"unknown configuration family {family!r}; known: {sorted(FAMILIES)}")
+        req_kw = {"sampled": True, "force_sampled": axis == "sampled"}
+    else:  # capacity: the parameters of every choice are drawn, the chosen one's are used
+        tau, c0, c1 = draw(st.floats(0.0, 1.0)), draw(st.floats(0.1, 4.0)), draw(st.floats(0.0, 1.0))
+        base["capacity"] = axis
+        base.update({"threshold": {"tau": tau}, "budget": {"c0": c0, "c1": c1}}.get(axis, {}))
     requests = draw(_requests(dp, **req_kw))
     engine = _engine(budget, draw(st.sampled_from([2, 4, 8])), CaptureConfig(mode=mode, capture_sizes=sizes))
     run = DPRunSpec(MODEL, draw(st.integers(0, 3)), engine, requests)
@@ -420,6 +467,8 @@ class FamilyResult:
     first_failure_example: int | None = None
     """1-based index of the first failing example."""
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """CPU time of this process over the cell (all its threads): the cost, whatever else shares the machine."""
     skipped: str | None = None
 
     @property
@@ -494,7 +543,7 @@ def run_family(
         # device-to-host copy per step by design, which a data-less replay cannot make.
         result.skipped = "capacities are data-dependent (one host read of the counts per step by design)"
         return result
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     class _Stop(Exception):
         pass
@@ -510,9 +559,11 @@ def run_family(
         print_blob=False,
     )
     @hypothesis.seed(seed)
-    @given(family_cases(family, options))
-    def explore(case: Case) -> None:
-        if stopped:  # Hypothesis replays the failing example once more before raising: not a new example
+    @given(st.data())
+    def explore(data: st.DataObject) -> None:
+        # Hypothesis replays the failing example once more before raising: the same draw, and not a new example.
+        case = data.draw(family_cases(family, options, cycle=result.examples - len(stopped)), label="case")
+        if stopped:
             raise _Stop
         result.examples += 1
         outcome = run_case(factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s)
@@ -531,6 +582,7 @@ def run_family(
     with contextlib.suppress(_Stop):
         explore()
     result.seconds = time.perf_counter() - start
+    result.cpu_seconds = time.process_time() - cpu_start
     return result
 
 

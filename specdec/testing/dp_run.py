@@ -8,7 +8,8 @@ module-level factory, so the same spec runs on threads and on processes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, no_type_check
 
@@ -21,6 +22,7 @@ from specdec.dp_group import DPGroup, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
+from specdec.request import FinishReason
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
@@ -113,6 +115,96 @@ def plain_outputs(spec: DPRunSpec) -> dict[str, list[int]]:
     flat = tuple(r for rank in spec.requests for r in rank)
     single = DPRunSpec(spec.model, spec.model_seed, spec.engine, (flat,), None, device=spec.device)
     return run_rank(None, single).outputs
+
+
+_PlainKey = tuple[str, int, str, tuple[int, ...], tuple[int, ...], int]
+_PLAIN_MAX = 100_000
+_plain: dict[_PlainKey, tuple[tuple[int, ...], bool]] | None = None
+_plain_lock = threading.Lock()
+
+
+def set_reference_cache(enabled: bool) -> bool:
+    """Turn the process's plain-reference cache on (empty) or off (dropped); returns whether it was on.
+
+    Only for runs whose code is not patched while the cache lives (the matrix):
+    a reference decoded before a mutant or fault was applied would hide it.
+    """
+    global _plain
+    was = _plain is not None
+    _plain = ({} if not was else _plain) if enabled else None
+    return was
+
+
+@contextmanager
+def reference_cache() -> Iterator[None]:
+    """``plain_reference`` reuses continuations inside the block (nested blocks share the outer cache)."""
+    was = set_reference_cache(True)
+    try:
+        yield
+    finally:
+        set_reference_cache(was)
+
+
+def _plain_key(spec: DPRunSpec, model: str, r: RequestSpec) -> _PlainKey:
+    return (
+        model,
+        spec.model_seed,
+        spec.device,
+        r.prompt,
+        tuple(sorted(r.stop_token_ids)),
+        spec.engine.scheduler.max_model_len,
+    )
+
+
+def plain_reference(spec: DPRunSpec) -> dict[str, list[int]]:
+    """The plain greedy output of every greedy request of ``spec`` (sampled ones have no token-exact reference).
+
+    Without the cache (``reference_cache``) this is ``plain_outputs``. With it,
+    only what this process has not decoded yet is decoded: greedy decoding is a
+    function of the target, the prompt, the stop tokens and the model length,
+    and ``max_tokens`` only cuts it, so a continuation is remembered per (target,
+    prompt, stops, model length) with whether it ended on its own (stop token,
+    model length) or at its ``max_tokens``. A request whose continuation is
+    known far enough is answered from it; the others are decoded together on
+    one plain engine, judged by the current contracts. Generated matrices repeat
+    prompts often (across one backend's families, about two greedy requests in
+    three repeat an earlier seed and prompt). Batch composition is assumed not
+    to change an argmax, as every speculative-versus-plain comparison assumes.
+    """
+    cache = _plain
+    greedy = [r for rank in spec.requests for r in rank if r.params.greedy]
+    if cache is None:
+        decoded = plain_outputs(spec)
+        return {r.req_id: decoded[r.req_id] for r in greedy}
+    out: dict[str, list[int]] = {}
+    todo: list[RequestSpec] = []
+    model = spec.model.model_dump_json()
+    for r in greedy:
+        known = cache.get(_plain_key(spec, model, r))
+        if known is not None and (known[1] or len(known[0]) >= r.max_tokens):
+            out[r.req_id] = list(known[0][: r.max_tokens])
+        else:
+            todo.append(r)
+    if not todo:
+        return out
+    engine = Engine(shared_target(spec.model, spec.model_seed, spec.device), spec.engine)
+    for r in todo:
+        engine.add_request(
+            r.req_id, list(r.prompt), params=r.params, max_tokens=r.max_tokens, stop_token_ids=r.stop_token_ids
+        )
+    decoded = engine.run()
+    with _plain_lock:
+        if len(cache) >= _PLAIN_MAX:
+            cache.clear()
+        for r in todo:
+            tokens = decoded[r.req_id]
+            ended = engine.requests[r.req_id].finish_reason is not FinishReason.MAX_TOKENS
+            key = _plain_key(spec, model, r)
+            known = cache.get(key)
+            if known is None or len(tokens) > len(known[0]):
+                cache[key] = (tuple(tokens), ended)
+            out[r.req_id] = tokens
+    return out
 
 
 def merged(results: Sequence[RankResult]) -> dict[str, Any]:
