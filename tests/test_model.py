@@ -570,8 +570,8 @@ needs_onednn = pytest.mark.skipif(not mkldnn_available(), reason="this torch bui
 @pytest.mark.parametrize("rows", [1, 5, 100])
 def test_packed_linear_equals_f_linear(rows: int) -> None:
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 64, generator=g)
-    weights = [torch.randn(out, 64, generator=g) for out in (48, 16, 16)]
+    x = torch.randn(rows, 256, generator=g)
+    weights = [torch.randn(out, 256, generator=g) for out in (192, 64, 64)]
     packed = PackedLinear()
     # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count
     xb, wb = x.bfloat16(), [w.bfloat16() for w in weights]
@@ -582,25 +582,28 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
     small = FP32_PACKED_ROWS[0] <= rows <= FP32_PACKED_ROWS[1]
     assert PackedLinear.applies(x, weights) == small
     for got, want in zip(PackedLinear().run(x, weights), (F.linear(x, w) for w in weights), strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5 if small else 0, rtol=0)
+        torch.testing.assert_close(got, want, atol=1e-4 if small else 0, rtol=0)
+    # fp32 weights of the test matrix's size stay on F.linear, where packing costs more than it saves
+    tiny = [w[:, :64].contiguous() for w in weights]
+    assert not PackedLinear.applies(x[:, :64].contiguous(), tiny)
 
 
 @needs_onednn
 def test_packed_linear_follows_weight_updates_and_keeps_autograd() -> None:
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(4, 32, generator=g), torch.randn(8, 32, generator=g)
+    x, w = torch.randn(4, 256, generator=g), torch.randn(256, 256, generator=g)
     packed = PackedLinear()
-    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-4, rtol=0)
     w.mul_(2)  # in place: the packed copy must notice (the tensor's version changes)
-    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-5, rtol=0)
-    other = torch.randn(8, 32, generator=g)  # replaced (load_state_dict(assign=True) does this)
-    torch.testing.assert_close(packed.run(x, (other,))[0], F.linear(x, other), atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-4, rtol=0)
+    other = torch.randn(256, 256, generator=g)  # replaced (load_state_dict(assign=True) does this)
+    torch.testing.assert_close(packed.run(x, (other,))[0], F.linear(x, other), atol=1e-4, rtol=0)
 
     leaf = x.clone().requires_grad_(True)
     assert not PackedLinear.applies(leaf, (w,))  # autograd needs F.linear
     packed.run(leaf, (w,))[0].sum().backward()
     assert leaf.grad is not None
-    torch.testing.assert_close(leaf.grad, w.sum(0).expand(4, 32))
+    torch.testing.assert_close(leaf.grad, w.sum(0).expand(4, 256), atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         assert PackedLinear.applies(leaf, (w,))
 

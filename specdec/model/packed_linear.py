@@ -36,6 +36,12 @@ from torch import Tensor
 
 FP32_PACKED_ROWS = (4, 64)
 """Row counts (inclusive) for which fp32 takes the packed oneDNN path: verify and block-draft sizes, small batches."""
+FP32_PACKED_MIN_WEIGHT = 256 * 256
+"""fp32 weights with fewer elements (the test matrix's tiny models) run faster through plain ``F.linear``.
+
+bf16 always packs: its packed path gives the same bits whatever the row count,
+which bf16 verify rows rely on to equal decode steps.
+"""
 
 
 def mkldnn_available() -> bool:
@@ -78,6 +84,8 @@ class PackedLinear:
         dtype = x.dtype
         if dtype == torch.float32:
             if not FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1]:
+                return False
+            if sum(w.numel() for w in weights) < FP32_PACKED_MIN_WEIGHT:
                 return False
         elif dtype != torch.bfloat16:
             return False
