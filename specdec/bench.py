@@ -33,7 +33,7 @@ import torch
 import contracts
 from specdec.backend_registry import create, names_option
 from specdec.bench_contract_modes import MODES, ModeRunner
-from specdec.bench_lossless import check_lossless, tie_tolerance_for, top_two
+from specdec.bench_lossless import check_lossless, relative_tie_tolerance_for, tie_tolerance_for, top_two
 from specdec.bench_report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
 from specdec.bench_runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench_suites import SUITES, Workload, build_workload
@@ -367,6 +367,7 @@ def run_bench(
             prompt_ids,
             lambda ids: top_two(target, ids),
             tie_tolerance=tie_tolerance_for(options.torch_dtype),
+            relative_tolerance=relative_tie_tolerance_for(options.torch_dtype),
             skip=() if peer is None else (peer.name,),
         )
     finally:

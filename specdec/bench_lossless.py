@@ -31,6 +31,8 @@ class TopTwo:
     top1: int
     top2: int
     gap: float
+    top1_logit: float = 0.0
+    """The best logit itself: a bf16 rounding step scales with it."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Mismatch:
     got: int | None
     gap: float | None
     verdict: str
+    tolerance: float | None = None
+    """The gap below which this position counted as float noise."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +70,7 @@ def top_two(target: Transformer, ids: Sequence[int]) -> TopTwo:
         hidden = target.forward_dense(torch.tensor(list(ids), dtype=torch.int64, device=target.device)).hidden_states
         logits: Float[Tensor, "1 vocab"] = target.compute_logits(hidden[-1:])
     values, indices = logits[0].float().topk(2)
-    return TopTwo(int(indices[0]), int(indices[1]), float(values[0] - values[1]))
+    return TopTwo(int(indices[0]), int(indices[1]), float(values[0] - values[1]), float(values[0]))
 
 
 def verdict(gap: float | None, tie_tolerance: float) -> str:
@@ -119,6 +123,7 @@ def _mismatch(
     got: Sequence[int],
     gap_fn: GapFn,
     tie_tolerance: float,
+    relative_tolerance: float = 0.0,
 ) -> Mismatch | None:
     pos = first_difference(expected, got)
     if pos is None:
@@ -126,6 +131,7 @@ def _mismatch(
     name = record.prompt_ids[prompt_index]
     top = gap_fn([*prompt_ids[name], *expected[:pos]]) if name in prompt_ids else None
     gap = None if top is None else top.gap
+    tolerance = tie_tolerance + (0.0 if top is None else relative_tolerance * abs(top.top1_logit))
     return Mismatch(
         runner=runner,
         reference=reference,
@@ -136,7 +142,8 @@ def _mismatch(
         expected=expected[pos] if pos < len(expected) else None,
         got=got[pos] if pos < len(got) else None,
         gap=gap,
-        verdict=verdict(gap, tie_tolerance),
+        verdict=verdict(gap, tolerance),
+        tolerance=tolerance,
     )
 
 
@@ -146,6 +153,7 @@ def check_lossless(
     gap_fn: GapFn,
     *,
     tie_tolerance: float,
+    relative_tolerance: float = 0.0,
     reference: str = PLAIN,
     skip: Iterable[str] = (),
 ) -> LosslessReport:
@@ -153,7 +161,8 @@ def check_lossless(
 
     ``prompt_ids`` maps prompt names to their token ids (for the logit gap);
     runners in ``skip`` (the transformers peer: another implementation, whose
-    float rounding may legitimately differ) are not held to it.
+    float rounding may legitimately differ) are not held to it. A gap counts as
+    float noise below ``tie_tolerance + relative_tolerance * |top-1 logit|``.
     """
     skipped = set(skip)
     greedy = [r for r in records if r.temperature == 0.0]
@@ -172,7 +181,9 @@ def check_lossless(
                 continue
             for i, (want, got) in enumerate(zip(base.outputs, r.outputs, strict=True)):
                 compared[name] = compared.get(name, 0) + 1
-                found = _mismatch(name, reference, r, i, prompt_ids, want, got, gap_fn, tie_tolerance)
+                found = _mismatch(
+                    name, reference, r, i, prompt_ids, want, got, gap_fn, tie_tolerance, relative_tolerance
+                )
                 if found is None:
                     identical[name] = identical.get(name, 0) + 1
                 else:
@@ -202,6 +213,7 @@ def check_lossless(
                 r.outputs[i],
                 gap_fn,
                 tie_tolerance,
+                relative_tolerance,
             )
             if found is None:
                 batching["identical"] += 1
@@ -211,5 +223,14 @@ def check_lossless(
 
 
 def tie_tolerance_for(dtype: torch.dtype) -> float:
-    """Logit gaps within this are float noise: ~1e-3 for float32 logits, a bf16 rounding step for bf16 weights."""
-    return 1e-3 if dtype == torch.float32 else 0.125
+    """The absolute part of the noise bound: ~1e-3 for float32 logits (bf16's bound is relative)."""
+    return 1e-3 if dtype == torch.float32 else 0.0
+
+
+BF16_STEPS = 2
+"""bf16 logits that differ by at most two rounding steps count as a tie (a step is at most 2^-7 of the value)."""
+
+
+def relative_tie_tolerance_for(dtype: torch.dtype) -> float:
+    """The relative part: bf16 keeps 8 significant bits, so its rounding step grows with the logit."""
+    return 0.0 if dtype == torch.float32 else BF16_STEPS * 2.0**-7

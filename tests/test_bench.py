@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from real_models import PulledModel, smollm2  # noqa: F401  (fixture)
 
 import contracts
@@ -22,7 +23,14 @@ import contracts.enforcement
 from specdec import engine as engine_module
 from specdec.bench import DOCS_BEGIN, DOCS_END, BenchOptions, count_runs, run_bench, write_docs
 from specdec.bench_contract_modes import CheckTimer, contract_mode
-from specdec.bench_lossless import TopTwo, check_lossless, first_difference, top_two
+from specdec.bench_lossless import (
+    TopTwo,
+    check_lossless,
+    first_difference,
+    relative_tie_tolerance_for,
+    tie_tolerance_for,
+    top_two,
+)
 from specdec.bench_report import render_markdown, round_noise
 from specdec.bench_runner import PLAIN, EngineRunner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench_suites import Batch, BenchPrompt, Workload, build_workload
@@ -129,6 +137,24 @@ def test_lossless_check_reports_the_first_difference_and_whether_a_tie_explains_
     assert not report.lossless
     only_tie = check_lossless(records[:2], prompt, gap, tie_tolerance=1e-3)
     assert only_tie.lossless and len(only_tie.mismatches) == 1
+
+
+def test_a_bf16_tie_scales_with_the_logit() -> None:
+    """0.25 apart at a logit of 24 is two bf16 rounding steps (noise); at a logit of 4 it is sixteen (a bug)."""
+    prompt = {"p0": (7,)}
+    records = [record(PLAIN, 0, [[1, 2]], 1.0), record("spec", 0, [[1, 3]], 1.0)]
+    bf16 = {
+        "tie_tolerance": tie_tolerance_for(torch.bfloat16),
+        "relative_tolerance": relative_tie_tolerance_for(torch.bfloat16),
+    }
+    high = check_lossless(records, prompt, lambda ids: TopTwo(2, 3, 0.25, 24.0), **bf16)
+    assert high.mismatches[0].verdict.startswith("near tie") and high.lossless
+    low = check_lossless(records, prompt, lambda ids: TopTwo(2, 3, 0.25, 4.0), **bf16)
+    assert low.mismatches[0].verdict.startswith("NOT a tie") and not low.lossless
+    fp32 = check_lossless(
+        records, prompt, lambda ids: TopTwo(2, 3, 0.25, 24.0), tie_tolerance=tie_tolerance_for(torch.float32)
+    )
+    assert fp32.mismatches[0].verdict.startswith("NOT a tie")
 
 
 def test_lossless_check_compares_plain_alone_with_plain_in_a_batch() -> None:
