@@ -156,7 +156,9 @@ def summary_line(
         same = "same tokens as plain, " if result.tokens == plain.tokens else ""
         fields.append(f"speedup {ratio:.2f}x measured ({same}plain {plain.tokens_per_s:.1f} tokens/s)")
     else:
-        fields.append(f"speedup ~{result.tokens_per_forward:.2f}x estimated (tokens per target forward)")
+        fields.append(
+            f"speedup at most ~{result.tokens_per_forward:.2f}x (tokens per target forward; drafting not counted)"
+        )
     finish = result.finish_reason.value if result.finish_reason is not None else "unfinished"
     fields.append(f"finish {finish}")
     line = "  ".join(fields)
