@@ -9,14 +9,18 @@ whole file takes seconds: "Repeat exactly: ..." is 8 tokens ending in
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 from real_models import SMOLLM2, PulledModel, smollm2  # noqa: F401  (fixture)
 
-from specdec.backend_registry import create
+from specdec.backend_registry import available_backends, create, register, unregister
 from specdec.cli import main
 from specdec.engine import Engine, EngineConfig
 from specdec.request import FinishReason
@@ -52,6 +56,26 @@ class CliRun:
     body: str
     """The streamed text (stdout up to the newline before the summary)."""
     summary: str
+
+
+@pytest.fixture(autouse=True, scope="module")
+def ngram_backend() -> Iterator[None]:
+    """The example n-gram backend under its name, installed (CI) or not (the README's bare `pytest`).
+
+    Without its package installed, its factory is registered in-process from
+    the example's source tree, so these tests run on a fresh checkout too.
+    """
+    if "ngram" in available_backends():
+        yield
+        return
+    source = str(Path(__file__).resolve().parents[1] / "examples" / "ngram-drafter" / "src")
+    sys.path.insert(0, source)
+    try:
+        register("ngram", importlib.import_module("specdec_ngram").make_speculator)
+        yield
+        unregister("ngram")
+    finally:
+        sys.path.remove(source)
 
 
 def run_cli(*args: str) -> CliRun:
