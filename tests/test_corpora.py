@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.corpora import SUITES, corpus_dir, prompt_suite, training_texts
+from specdec.corpora import SUITES, code_instruction_prompts, corpus_dir, prompt_suite, training_texts
 from specdec.corpora.sources import HUMANEVAL, MARKER
 from specdec.models.errors import ChecksumError
 
@@ -42,6 +42,22 @@ def test_training_texts_never_contain_a_bench_prompt() -> None:
     assert not ids & bench_tasks
     body = "\n".join(text for _, text in texts)
     assert all(p.text not in body for p in prompt_suite("shakespeare"))
+
+
+def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> None:
+    prompts = code_instruction_prompts()
+    assert len(prompts) > 500  # ~1,000 on CPython 3.11
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.chat and p.id.startswith("stdlib/") for p in prompts)
+    humaneval = prompt_suite("humaneval")[0].text
+    head = humaneval.split("```python")[0]
+    assert all(p.text.startswith(head) and p.text.endswith("\n```") for p in prompts)
+    code = [p.text.split("```python\n")[1] for p in prompts]
+    assert all(c.startswith("def ") and c.count("\n") >= 2 for c in code)  # the signature, then the docstring
+    assert not {p.text for p in prompts} & {p.text for suite in SUITES for p in prompt_suite(suite)}
+    first = code_instruction_prompts(limit=50)
+    assert first == prompts[:50]
+    assert len({p.id.split(":")[0] for p in first}) == 50  # a limit still spans 50 files, not one file's functions
 
 
 def test_training_budget_is_respected_without_cutting_texts() -> None:

@@ -4,6 +4,16 @@ See ``docs/benchmarks.md`` (suites) and ``docs/drafters.md`` (training data).
 """
 
 from specdec.corpora.sources import CORPORA, CorpusWheel, corpus_dir
-from specdec.corpora.suites import SUITES, Prompt, Split, prompt_suite, training_texts
+from specdec.corpora.suites import SUITES, Prompt, Split, code_instruction_prompts, prompt_suite, training_texts
 
-__all__ = ["CORPORA", "SUITES", "CorpusWheel", "Prompt", "Split", "corpus_dir", "prompt_suite", "training_texts"]
+__all__ = [
+    "CORPORA",
+    "SUITES",
+    "CorpusWheel",
+    "Prompt",
+    "Split",
+    "code_instruction_prompts",
+    "corpus_dir",
+    "prompt_suite",
+    "training_texts",
+]

