@@ -20,8 +20,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from backends.draft_vocab import DraftVocab
+
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 FORMAT = "specdec-drafter/1"
+DRAFT_VOCAB = "draft_vocab"
+"""Optional tensor of a drafter file: the sorted target token ids its drafts are scored over (``DraftVocab``)."""
 
 
 def weights_path(model: str, backend: str) -> Path:
@@ -47,13 +51,21 @@ def resolve(pretrained: str | Path, backend: str) -> Path:
 
 
 def save_drafter(
-    path: Path, modules: Mapping[str, nn.Module], metadata: Mapping[str, object], dtype: torch.dtype = torch.bfloat16
+    path: Path,
+    modules: Mapping[str, nn.Module],
+    metadata: Mapping[str, object],
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    draft_vocab: Tensor | None = None,
 ) -> int:
     """Write the modules' own parameters (prefixed ``<name>.``) in ``dtype``; returns the file size in bytes.
 
-    Metadata values that are not strings are stored as JSON.
+    Metadata values that are not strings are stored as JSON; ``draft_vocab``
+    (token ids) is stored as int32 under ``DRAFT_VOCAB``.
     """
     state: dict[str, Tensor] = {}
+    if draft_vocab is not None:
+        state[DRAFT_VOCAB] = draft_vocab.detach().to("cpu", torch.int32).contiguous()
     for prefix, module in modules.items():
         for name, p in module.state_dict().items():
             state[f"{prefix}.{name}"] = p.detach().to("cpu", dtype).contiguous()
@@ -84,7 +96,7 @@ def meta_json(meta: Mapping[str, str], key: str, path: Path) -> object:
 def load_drafter(path: Path, modules: Mapping[str, nn.Module]) -> None:
     """Copy the file's tensors into the modules (cast to each parameter's dtype and device), all or nothing."""
     with safe_open(str(path), framework="pt") as f:
-        stored = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not iterable
+        stored = {name: f.get_tensor(name) for name in f.keys() if name != DRAFT_VOCAB}  # noqa: SIM118
     wanted = {f"{prefix}.{name}": p for prefix, module in modules.items() for name, p in module.state_dict().items()}
     missing = sorted(set(wanted) - set(stored))
     extra = sorted(set(stored) - set(wanted))
@@ -100,3 +112,15 @@ def load_drafter(path: Path, modules: Mapping[str, nn.Module]) -> None:
         )
     for name, p in wanted.items():
         p.copy_(stored[name].to(p.dtype))
+
+
+def load_draft_vocab(path: Path, vocab_size: int) -> DraftVocab | None:
+    """The file's draft vocabulary, or ``None`` for a file that scores the whole vocabulary."""
+    with safe_open(str(path), framework="pt") as f:
+        if DRAFT_VOCAB not in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            return None
+        ids = f.get_tensor(DRAFT_VOCAB)
+    try:
+        return DraftVocab(ids, vocab_size)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc} (trained for another model?)") from exc

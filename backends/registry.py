@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backends.pretrained import load_drafter, meta_json, read_metadata, resolve
+from backends.pretrained import load_draft_vocab, load_drafter, meta_json, read_metadata, resolve
 from specdec.backend_registry import create
 from specdec.model.transformer import Transformer
 from specdec.speculator import Speculator
@@ -50,9 +50,13 @@ def make_eagle(
     fused: bool = False,
     seed: int = 1,
     pretrained: str | Path | None = None,
+    full_vocab: bool = False,
     **_: Any,
 ) -> Speculator:
-    """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights."""
+    """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights.
+
+    A trained file's draft vocabulary is used unless ``full_vocab`` (score the whole LM head).
+    """
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 
     aux = spread_layers(target.config.num_layers)
@@ -61,6 +65,7 @@ def make_eagle(
     head = EagleHead(target, num_aux=len(aux), seed=seed)
     if path is not None:
         load_drafter(path, {"head": head})
+        head.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
     return mark_weights(spec, "random" if path is None else f"trained:{path}")
 
@@ -96,9 +101,13 @@ def make_dflash(
     num_layers: int = 1,
     argmax_drafts: bool = False,
     pretrained: str | Path | None = None,
+    full_vocab: bool = False,
     **_: Any,
 ) -> Speculator:
-    """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win)."""
+    """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win).
+
+    A trained file's draft vocabulary is used unless ``full_vocab``.
+    """
     from backends.dflash import DFlashNetwork, DFlashSpeculator
 
     path, options = trained_config(pretrained, "dflash") if pretrained is not None else (None, {})
@@ -107,6 +116,7 @@ def make_dflash(
     network = DFlashNetwork(target, num_aux=len(aux), seed=seed, num_layers=num_layers)
     if path is not None:
         load_drafter(path, {"network": network})
+        network.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
@@ -126,9 +136,13 @@ def make_dspark(
     c1: float | None = None,
     markov_scale: float = 1.0,
     pretrained: str | Path | None = None,
+    full_vocab: bool = False,
     **_: Any,
 ) -> Speculator:
-    """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win)."""
+    """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win).
+
+    A trained file's draft vocabulary is used unless ``full_vocab``.
+    """
     from backends.dflash import DFlashNetwork
     from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost
 
@@ -149,6 +163,7 @@ def make_dspark(
     )
     if path is not None:
         load_drafter(path, {"network": network, "heads": heads})
+        network.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = DSparkSpeculator(
         network,
         heads,

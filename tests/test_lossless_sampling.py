@@ -21,6 +21,8 @@ from scipy.stats import chisquare
 from tests_support import perturbed_copy
 
 from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
+from backends.draft_vocab import DraftVocab
+from specdec.backend_registry import create
 from specdec.engine import Engine, EngineConfig
 from specdec.model.config import ModelConfig
 from specdec.model.transformer import Transformer
@@ -89,9 +91,18 @@ def argmax_drafts() -> AutoregressiveSpeculator:
     )
 
 
+def eagle_with_draft_vocabulary() -> AutoregressiveSpeculator:
+    """Drafts only ever among tokens 0, 2 and 3: the verifier must recover 1, 4 and 5 at their target rates."""
+    spec = create("eagle", TARGET, num_spec_tokens=2, seed=3)
+    assert isinstance(spec, AutoregressiveSpeculator)
+    spec.network.draft_vocab = DraftVocab(torch.tensor([0, 2, 3]), VOCAB)  # type: ignore[union-attr]
+    return spec
+
+
 CASES = {
     "probabilistic drafts, temperature 1": (probabilistic, SamplingParams(temperature=1.0)),
     "argmax drafts, temperature 1": (argmax_drafts, SamplingParams(temperature=1.0)),
+    "draft vocabulary of 3 of 6 tokens, temperature 1": (eagle_with_draft_vocabulary, SamplingParams(temperature=1.0)),
     "probabilistic drafts, t=0.8 top-k 4 top-p 0.9": (
         probabilistic,
         SamplingParams(temperature=0.8, top_k=4, top_p=0.9),

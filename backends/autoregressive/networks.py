@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from backends.draft_vocab import DraftVocab, head_logits
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
@@ -51,10 +52,15 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(config, init, 0)
         self.norm = RMSNorm(hidden, config.rms_norm_eps, init, "norm")
         self._target = [target]  # shared, frozen; a list keeps it out of this module's parameters
+        self.draft_vocab: DraftVocab | None = None
+        """The LM-head rows drafts are scored over (``None``: all); set by the factory from a trained file."""
 
     @property
     def target(self) -> Transformer:
         return self._target[0]
+
+    def head_logits(self, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
+        return head_logits(self.target, self.draft_vocab, normed)
 
     def fuse_aux(self, aux: Sequence[Float[Tensor, "*rows hidden"]]) -> Float[Tensor, "*rows hidden"]:
         if len(aux) != self.num_aux:
@@ -77,7 +83,7 @@ class EagleHead(nn.Module):
             raise ValueError("an EAGLE head needs per-row features (fused target hidden states or its own)")
         x = self.input_proj(torch.cat([self.target.embed(input_ids), features], dim=-1))
         h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
-        return DraftOutput(h, self.target.compute_logits(self.norm(h)))
+        return DraftOutput(h, self.head_logits(self.norm(h)))
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         c = self.config

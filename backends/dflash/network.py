@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from backends.draft_vocab import DraftVocab, head_logits
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
@@ -113,10 +114,15 @@ class DFlashNetwork(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, init, i) for i in range(config.num_layers))
         self.norm = RMSNorm(hidden, config.rms_norm_eps, init, "norm")
         self._target = [target]  # shared, frozen; a list keeps it out of this module's parameters
+        self.draft_vocab: DraftVocab | None = None
+        """The LM-head rows drafts are scored over (``None``: all); set by the factory from a trained file."""
 
     @property
     def target(self) -> Transformer:
         return self._target[0]
+
+    def head_logits(self, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
+        return head_logits(self.target, self.draft_vocab, normed)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
@@ -193,7 +199,7 @@ class DFlashNetwork(nn.Module):
             x = self._layer(layer, x, positions, meta, kv, context_lens, dp_group, num_tokens_across_dp)
         if self.echo:
             x = self._echo(x, x0, meta.num_reqs, q_width)
-        return DraftOutput(x, self.target.compute_logits(self.norm(x)))
+        return DraftOutput(x, self.head_logits(self.norm(x)))
 
     @staticmethod
     def _layer(

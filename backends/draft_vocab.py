@@ -1,0 +1,97 @@
+"""A drafter's output vocabulary: the rows of the target's LM head it scores (EAGLE-3's draft-to-target map).
+
+On a small target the shared LM head is most of a drafter's cost: SmolLM2's
+49,152 x 576 head is read in full for every draft row, while the drafter's own
+layer is a tenth of that. The tokens a target actually emits are far fewer, so
+a drafter that scores only the most frequent few thousand (chosen from the
+target's own greedy labels in the training data) loses a sliver of acceptance
+and most of its LM-head time. The result stays a full-vocabulary logit row
+(``-inf`` off the draft vocabulary), so sampling, the DSpark Markov bias and
+the verifier see the shapes they always do: a token the drafter cannot score
+gets probability zero, which keeps verification lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from specdec.model.packed_linear import PackedLinear
+from specdec.model.transformer import Transformer
+
+
+class DraftVocab:
+    """Sorted, unique target token ids a drafter scores; the sub-head is cut from the target's LM head on demand."""
+
+    def __init__(self, ids: Int[Tensor, " draft_vocab"], vocab_size: int) -> None:
+        ids = ids.to(torch.long).flatten()
+        if ids.numel() == 0:
+            raise ValueError("a draft vocabulary needs at least one token id")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(
+                f"draft vocabulary ids must lie in [0, {vocab_size}) (the target's vocabulary), "
+                f"got [{int(ids.min())}, {int(ids.max())}]"
+            )
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError("draft vocabulary ids must be sorted and unique")
+        self.ids = ids
+        self.vocab_size = vocab_size
+        self._rows: Tensor | None = None
+        self._source: tuple[int, int] | None = None
+        self._packed = PackedLinear()
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    def head(self, target: Transformer) -> Float[Tensor, "draft_vocab hidden"]:
+        """The target LM head's rows for this vocabulary, cut again when the target's head weight changes."""
+        weight = target.lm_head_weight
+        source = (weight.data_ptr(), weight._version)
+        if self._rows is None or source != self._source or self._rows.device != weight.device:
+            with torch.inference_mode(False):  # a normal tensor: the packed copy tracks its version
+                self._rows = weight.detach()[self.ids.to(weight.device)].contiguous()
+            self._source = source
+        return self._rows
+
+    def logits(self, target: Transformer, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
+        """Float32 logits over the whole vocabulary: the target head's values on the draft ids, ``-inf`` elsewhere.
+
+        Inference only (the sub-head is detached); training scores through
+        ``backends.training.vocab`` instead.
+        """
+        if self.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"this draft vocabulary indexes a vocabulary of {self.vocab_size}, "
+                f"the target has {target.config.vocab_size}"
+            )
+        sub = self._packed.run(normed, (self.head(target),))[0].float()
+        out = torch.full((normed.shape[0], self.vocab_size), float("-inf"), device=normed.device)
+        ids = self.ids.to(normed.device)
+        out.index_copy_(1, ids, sub)
+        return out
+
+
+def most_frequent(labels: Int[Tensor, "*shape"], size: int, vocab_size: int) -> Int[Tensor, " size"]:
+    """The ``size`` most frequent ids of ``labels`` (ties to the lower id), sorted; fewer if fewer occur."""
+    if size < 1:
+        raise ValueError(f"a draft vocabulary needs at least one token, got size {size}")
+    counts = torch.bincount(labels.flatten().to(torch.long), minlength=vocab_size)
+    occurring = int((counts > 0).sum())
+    order = torch.argsort(-counts, stable=True)[: min(size, occurring)]
+    return order.sort().values
+
+
+def coverage(ids: Int[Tensor, " draft_vocab"], labels: Int[Tensor, "*shape"], vocab_size: int) -> float:
+    """Share of ``labels`` that fall inside the draft vocabulary ``ids``."""
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[ids.to(torch.long)] = True
+    flat = labels.flatten().to(torch.long)
+    return float(inside[flat].float().mean()) if flat.numel() else 1.0
+
+
+def head_logits(
+    target: Transformer, vocab: DraftVocab | None, normed: Float[Tensor, "rows hidden"]
+) -> Float[Tensor, "rows vocab"]:
+    """A drafter's logits: through its draft vocabulary when it has one, else the target's full LM head."""
+    return target.compute_logits(normed) if vocab is None else vocab.logits(target, normed)
