@@ -62,7 +62,7 @@ def resident_memory() -> str:
 def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
     """Corpus windows and target continuations of the train-split prompts, as one batch of token windows."""
     from backends.training.corpus import generated_chunks, greedy_continuations, text_chunks
-    from specdec.corpora import SUITES, prompt_suite, training_texts
+    from specdec.corpora import SUITES, code_instruction_prompts, prompt_suite, training_texts
 
     stop = tokenizer.stop_token_ids
     eos = tokenizer.eos_token_id
@@ -76,8 +76,12 @@ def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tupl
     )
     for part in parts:
         log(part.summary)
-    for suite in SUITES:
-        prompts = prompt_suite(suite, split="train")[: args.prompts_per_suite]
+    prompt_sets = [
+        (f"{suite} (train split)", prompt_suite(suite, split="train")[: args.prompts_per_suite]) for suite in SUITES
+    ]
+    if args.code_prompts:
+        prompt_sets.append(("stdlib code prompts", code_instruction_prompts(limit=args.code_prompts)))
+    for name, prompts in prompt_sets:
         ids = [
             tokenizer.encode_chat([{"role": "user", "content": p.text}]) if p.chat else tokenizer.encode(p.text)
             for p in prompts
@@ -89,9 +93,9 @@ def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tupl
             max_tokens=args.gen_tokens,
             stop_token_ids=stop,
             batch=args.gen_batch,
-            progress=functools.partial(generation_progress, suite),
+            progress=functools.partial(generation_progress, name),
         )
-        part = generated_chunks(f"{suite} (train split)", seqs, seq_len=args.seq_len, eos=eos, limit=args.gen_limit)
+        part = generated_chunks(name, seqs, seq_len=args.seq_len, eos=eos, limit=args.gen_limit)
         log(f"{part.summary} in {time.perf_counter() - t0:.0f} s; {resident_memory()}")
         parts.append(part)
     return torch.cat([p.tokens for p in parts]), [p.summary for p in parts]
@@ -140,7 +144,7 @@ def load_features(path: str) -> tuple[str, list[str], Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from backends.pretrained import save_drafter
+    from backends.pretrained import load_drafter, meta_json, read_metadata, save_drafter
     from backends.registry import spread_layers
     from specdec.models import load
 
@@ -161,6 +165,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         "keep_top": args.keep_top,
         "negatives": args.negatives,
     }
+    init: dict[str, Any] | None = None
+
+    def warm_start(modules: dict[str, torch.nn.Module]) -> None:
+        """``--init``: the earlier file's weights (all or nothing), and its training record for this one's."""
+        nonlocal init
+        if args.init is not None:
+            path = Path(args.init)
+            load_drafter(path, modules)
+            meta = read_metadata(path)
+            init = {"file": path.name, "training": meta_json(meta, "training", path), "command": meta.get("command")}
+            log(f"continuing from {path}")
+
     start = time.perf_counter()
 
     def on_step(step: int, loss: float) -> None:
@@ -176,6 +192,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         head = EagleHead(target, num_aux=len(aux), seed=args.seed)
         modules = {"head": head}
         network["num_layers"] = 1
+        warm_start(modules)
         losses = train_eagle(head, target, feats, depth=args.k, loss_rows=args.loss_rows, on_step=on_step, **common)
     else:
         from backends.dflash import DFlashNetwork
@@ -186,6 +203,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         anchors = {"anchors_per_seq": args.anchors}
         if args.backend == "dflash":
             modules = {"network": net}
+            warm_start(modules)
             losses = train_dflash(net, target, feats, block_size=args.k + 1, on_step=on_step, **anchors, **common)
         else:
             from backends.dspark import DSparkHeads
@@ -195,6 +213,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             heads = DSparkHeads(c.hidden_size, c.vocab_size, rank=args.rank, seed=args.seed, markov_scale=0.0)
             modules = {"network": net, "heads": heads}
             network["rank"] = args.rank
+            warm_start(modules)
             losses = train_dspark(net, heads, target, feats, block_size=args.k, on_step=on_step, **anchors, **common)
     wall = time.perf_counter() - start
     tail = losses[-min(50, len(losses)) :]
@@ -217,6 +236,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "sequences": int(feats.tokens.shape[0]),
         "seq_len": int(feats.tokens.shape[1]),
     }
+    if init is not None:
+        training["continued_from"] = init
     meta = {
         "backend": args.backend,
         "model": model,
@@ -225,10 +246,45 @@ def cmd_train(args: argparse.Namespace) -> int:
         "data": summary,
         "command": "python -m backends.training.cli " + shlex.join(sys.argv[1:]),
     }
-    size = save_drafter(Path(args.out), modules, meta)
+    vocab = None
+    if args.draft_vocab:
+        vocab, training["draft_vocab"] = draft_vocab_of(feats, args.draft_vocab, target.config.vocab_size)
+    size = save_drafter(Path(args.out), modules, meta, draft_vocab=vocab)
     log(f"wrote {args.out} ({size / 1e6:.1f} MB): {json.dumps(training)}")
     if args.losses:
         Path(args.losses).write_text(json.dumps(losses))
+    return 0
+
+
+def draft_vocab_of(feats: Any, size: int, vocab_size: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The ``size`` most frequent greedy labels of the features, and what it covers (for the file's record)."""
+    from backends.draft_vocab import coverage, most_frequent
+
+    ids = most_frequent(feats.greedy_next, size, vocab_size)
+    covered = coverage(ids, feats.greedy_next, vocab_size)
+    log(f"draft vocabulary: {len(ids)} tokens covering {covered:.4f} of the training labels")
+    return ids, {"size": len(ids), "label_coverage": round(covered, 4)}
+
+
+def cmd_vocab(args: argparse.Namespace) -> int:
+    """Rewrite a drafter file with a draft vocabulary: same tensors, same metadata plus the vocabulary's record."""
+    from backends.pretrained import DRAFT_VOCAB, read_metadata
+    from specdec.models import load
+
+    path = Path(args.file)
+    meta = read_metadata(path)
+    model, _, feats = load_features(args.features)
+    if meta.get("model") != model:
+        raise ValueError(f"{path} is a drafter for {meta.get('model')!r}, the features are of {model!r}")
+    target, _ = load(model)
+    tensors = {k: v for k, v in load_file(str(path)).items() if k != DRAFT_VOCAB}
+    training = json.loads(meta["training"])
+    ids, training["draft_vocab"] = draft_vocab_of(feats, args.size, target.config.vocab_size)
+    meta["training"] = json.dumps(training)
+    meta["vocab_command"] = "python -m backends.training.cli " + shlex.join(sys.argv[1:])
+    tensors[DRAFT_VOCAB] = ids.to(torch.int32).contiguous()
+    save_file(tensors, str(path), metadata=meta)
+    log(f"wrote {path} with a draft vocabulary of {len(ids)} tokens")
     return 0
 
 
@@ -240,7 +296,7 @@ def cmd_tau(args: argparse.Namespace) -> int:
 
     contracts.set_mode("off")
     target, tokenizer = load(args.model)
-    result: dict[str, Any] = {"backend": args.backend, "weights": args.weights}
+    result: dict[str, Any] = {"backend": args.backend, "weights": args.weights, "full_vocab": args.full_vocab}
     for suite in args.suites.split(","):
         prompts = prompt_suite(suite)[: args.prompts]
         ids = [
@@ -249,7 +305,16 @@ def cmd_tau(args: argparse.Namespace) -> int:
         ]
         pretrained = None if args.weights == "random" else (args.weights or args.model)
         result[suite] = round(
-            measure_tau(target, ids, args.backend, pretrained=pretrained, k=args.k, max_tokens=args.max_tokens), 3
+            measure_tau(
+                target,
+                ids,
+                args.backend,
+                pretrained=pretrained,
+                k=args.k,
+                max_tokens=args.max_tokens,
+                full_vocab=args.full_vocab,
+            ),
+            3,
         )
         log(f"{args.backend} {suite}: tau {result[suite]}")
     print(json.dumps(result))
@@ -272,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--gen-tokens", type=int, default=256, help="greedy tokens generated per prompt at most")
     f.add_argument("--gen-limit", type=int, default=400, help="windows of generated text per suite at most")
     f.add_argument("--gen-batch", type=int, default=16)
+    f.add_argument(
+        "--code-prompts", type=int, default=0, help="also continue this many stdlib function prompts (HumanEval form)"
+    )
     f.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="target dtype (generation and features)")
     f.add_argument("--top-k", type=int, default=8, help="target probabilities kept per position (DSpark's TV)")
     f.set_defaults(run=cmd_features)
@@ -295,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--num-layers", type=int, default=1, help="DFlash/DSpark decoder layers")
     t.add_argument("--rank", type=int, default=32, help="DSpark Markov head rank")
     t.add_argument("--log-every", type=int, default=25)
+    t.add_argument(
+        "--init", default=None, help="continue from this drafter file (same network) instead of fresh weights"
+    )
     t.add_argument("--losses", default=None, help="also write the per-step losses here (JSON)")
+    t.add_argument(
+        "--draft-vocab", type=int, default=0, help="score drafts over the N most frequent target labels (0: all)"
+    )
     t.set_defaults(run=cmd_train)
 
     m = sub.add_parser("tau", help="acceptance length on held-out bench prompts (greedy)")
@@ -306,7 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--prompts", type=int, default=8)
     m.add_argument("--max-tokens", type=int, default=64)
     m.add_argument("--k", type=int, default=4)
+    m.add_argument("--full-vocab", action="store_true", help="score drafts over the whole LM head, not the file's")
     m.set_defaults(run=cmd_tau)
+
+    v = sub.add_parser("vocab", help="give a drafter file the draft vocabulary of a feature file (weights unchanged)")
+    v.add_argument("--features", required=True)
+    v.add_argument("--file", required=True, help="the drafter .safetensors to rewrite")
+    v.add_argument("--size", type=int, required=True, help="the most frequent target labels kept")
+    v.set_defaults(run=cmd_vocab)
 
     args = parser.parse_args(argv)
     if args.threads is not None:

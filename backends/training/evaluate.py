@@ -23,14 +23,17 @@ def measure_tau(
     k: int = 4,
     max_tokens: int = 64,
     stop_token_ids: Sequence[int] = (),
+    full_vocab: bool = False,
 ) -> float:
     """Greedy speculative decoding of all prompts in one batch; the engine's tau (tokens per verify step).
 
-    ``pretrained=None`` builds the backend's freshly seeded (random) drafter.
+    ``pretrained=None`` builds the backend's freshly seeded (random) drafter;
+    ``full_vocab`` scores drafts over the whole LM head instead of the file's draft vocabulary.
     """
     if not prompts:
         raise ValueError("no prompts to measure on")
-    spec = create(backend, target, num_spec_tokens=k, pretrained=pretrained)
+    options = {"full_vocab": True} if full_vocab else {}
+    spec = create(backend, target, num_spec_tokens=k, pretrained=pretrained, **options)
     block = 16
     longest = max(len(p) for p in prompts) + max_tokens + k + 1
     per_req = -(-longest // block) + 1
