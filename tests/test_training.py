@@ -9,6 +9,7 @@ beat untrained, and output must still equal plain greedy decoding.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from backends.dflash.network import MASK_TOKEN_ID
 from backends.dspark import DSparkHeads, DSparkSpeculator
 from backends.registry import spread_layers
 from backends.training import (
+    TrainSchedule,
     block_hidden,
     generate_sequences,
     target_features,
@@ -72,7 +74,7 @@ def test_dflash_training_lowers_loss_and_raises_tau(target: Transformer, sequenc
     network = DFlashNetwork(target, num_aux=len(aux), seed=1)
     before, _ = run(target, DFlashSpeculator(network, num_spec_tokens=K, aux_layers=aux))
     frozen = {n: p.detach().clone() for n, p in target.named_parameters()}
-    losses = train_dflash(network, target, sequences, steps=200, lr=1e-2, block_size=K + 1, seed=0)
+    losses = train_dflash(network, target, sequences, TrainSchedule(steps=200, lr=1e-2), block_size=K + 1)
     after, out = run(target, DFlashSpeculator(network, num_spec_tokens=K, aux_layers=aux))
     print(f"DFlash tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
@@ -91,7 +93,7 @@ def test_dspark_training_lowers_loss_and_raises_tau(target: Transformer, sequenc
 
     network, heads = build()
     before, _ = run(target, DSparkSpeculator(network, heads, num_spec_tokens=K, aux_layers=aux))
-    losses = train_dspark(network, heads, target, sequences, steps=200, lr=1e-2, block_size=K, seed=0)
+    losses = train_dspark(network, heads, target, sequences, TrainSchedule(steps=200, lr=1e-2), block_size=K)
     after, out = run(target, DSparkSpeculator(network, heads, num_spec_tokens=K, aux_layers=aux))
     print(f"DSpark tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
@@ -120,7 +122,9 @@ def test_dense_training_forward_drafts_what_the_paged_inference_path_drafts(
     """The trained weights are the inference weights: the dense block forward reproduces the engine's drafts."""
     aux = aux_layers(target)
     network = DFlashNetwork(target, num_aux=len(aux), seed=1)
-    train_dflash(network, target, sequences, steps=60, lr=1e-2, block_size=K + 1, seed=0)  # context-dependent drafts
+    train_dflash(
+        network, target, sequences, TrainSchedule(steps=60, lr=1e-2), block_size=K + 1
+    )  # context-dependent drafts
     spec = Recording(network, aux)
     engine = Engine(
         target, EngineConfig(num_blocks=64, block_size=4, scheduler=SchedulerConfig(max_model_len=64)), speculator=spec
@@ -147,7 +151,7 @@ def test_eagle_training_lowers_loss_and_raises_tau(target: Transformer, sequence
     head = EagleHead(target, num_aux=len(aux), seed=1)
     before, _ = run(target, speculator(head))
     frozen = {n: p.detach().clone() for n, p in target.named_parameters()}
-    losses = train_eagle(head, target, sequences, steps=200, depth=K, lr=1e-2, seed=0)
+    losses = train_eagle(head, target, sequences, TrainSchedule(steps=200, lr=1e-2), depth=K)
     after, out = run(target, speculator(head))
     print(f"EAGLE tau untrained {before:.3f} trained {after:.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
@@ -177,7 +181,7 @@ def test_unrolled_training_forward_drafts_what_the_paged_eagle_path_drafts(
     """Step j of the dense unroll, fed the engine's drafts, reproduces the engine's draft j at every proposal."""
     aux = spread_layers(target.config.num_layers)
     head = EagleHead(target, num_aux=len(aux), seed=1)
-    train_eagle(head, target, sequences, steps=60, depth=K, lr=1e-2, seed=0)
+    train_eagle(head, target, sequences, TrainSchedule(steps=60, lr=1e-2), depth=K)
     spec = RecordingEagle(head, aux)
     engine = Engine(
         target, EngineConfig(num_blocks=64, block_size=4, scheduler=SchedulerConfig(max_model_len=64)), speculator=spec
@@ -217,3 +221,30 @@ def test_target_features_round_trip_through_safetensors(target: Transformer, seq
     save_file({"tokens": feats.tokens}, str(tmp_path / "weights.safetensors"))
     with pytest.raises(ValueError, match="not a TargetFeatures file"):
         TargetFeatures.load(tmp_path / "weights.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("steps", {"steps": 0}),
+        ("lr", {"lr": 0.0}),
+        ("lr", {"lr": float("nan")}),
+        ("batch_size", {"batch_size": 0}),
+        ("warmup", {"warmup": -1}),
+        ("clip", {"clip": 0.0}),
+        ("keep_top", {"keep_top": 0}),
+        ("negatives", {"negatives": -1}),
+    ],
+)
+def test_train_schedule_rejects_bad_settings_naming_the_field(field: str, bad: dict[str, Any]) -> None:
+    settings: dict[str, Any] = {"steps": 10} | bad
+    with pytest.raises(ValueError, match=rf"\b{field} must be"):
+        TrainSchedule(**settings)
+
+
+def test_train_schedule_reports_every_bad_field_and_keeps_the_old_defaults() -> None:
+    with pytest.raises(ValueError, match=r"steps must be.*; lr must be"):
+        TrainSchedule(steps=0, lr=0.0)
+    assert TrainSchedule(steps=1) == TrainSchedule(
+        steps=1, lr=3e-3, seed=0, batch_size=8, warmup=0, clip=None, autocast=None, keep_top=None, negatives=0
+    )

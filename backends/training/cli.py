@@ -146,25 +146,25 @@ def load_features(path: str) -> tuple[str, list[str], Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     from backends.pretrained import load_drafter, meta_json, read_metadata, save_drafter
     from backends.registry import spread_layers
+    from backends.training.data import TrainSchedule
     from specdec.models import load
 
+    schedule = TrainSchedule(  # before the slow loads, so a bad setting fails at once
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        warmup=args.warmup,
+        clip=args.clip,
+        autocast=DTYPES[args.dtype] if args.dtype != "fp32" else None,
+        keep_top=args.keep_top,
+        negatives=args.negatives,
+    )
     torch.manual_seed(args.seed)
     model, summary, feats = load_features(args.features)
     target, _ = load(model)
     n = target.config.num_layers
     aux = spread_layers(n) if args.backend == "eagle" else spread_layers(n, count=5)
-    common: dict[str, Any] = {
-        "steps": args.steps,
-        "lr": args.lr,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "aux_layers": aux,
-        "autocast": DTYPES[args.dtype] if args.dtype != "fp32" else None,
-        "warmup": args.warmup,
-        "clip": args.clip,
-        "keep_top": args.keep_top,
-        "negatives": args.negatives,
-    }
     init: dict[str, Any] | None = None
 
     def warm_start(modules: dict[str, torch.nn.Module]) -> None:
@@ -180,8 +180,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
 
     def on_step(step: int, loss: float) -> None:
-        if step % args.log_every == 0 or step == args.steps:
-            log(f"{args.backend} step {step}/{args.steps} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)")
+        if step % args.log_every == 0 or step == schedule.steps:
+            log(f"{args.backend} step {step}/{schedule.steps} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)")
 
     modules: dict[str, torch.nn.Module]
     network: dict[str, Any] = {"aux_layers": list(aux), "num_spec_tokens": args.k}
@@ -193,18 +193,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         modules = {"head": head}
         network["num_layers"] = 1
         warm_start(modules)
-        losses = train_eagle(head, target, feats, depth=args.k, loss_rows=args.loss_rows, on_step=on_step, **common)
+        losses = train_eagle(
+            head, target, feats, schedule, depth=args.k, aux_layers=aux, loss_rows=args.loss_rows, on_step=on_step
+        )
     else:
         from backends.dflash import DFlashNetwork
         from backends.training.dflash import train_dflash
 
         net = DFlashNetwork(target, num_aux=len(aux), seed=args.seed, num_layers=args.num_layers)
         network["num_layers"] = args.num_layers
-        anchors = {"anchors_per_seq": args.anchors}
         if args.backend == "dflash":
             modules = {"network": net}
             warm_start(modules)
-            losses = train_dflash(net, target, feats, block_size=args.k + 1, on_step=on_step, **anchors, **common)
+            losses = train_dflash(
+                net,
+                target,
+                feats,
+                schedule,
+                block_size=args.k + 1,
+                anchors_per_seq=args.anchors,
+                aux_layers=aux,
+                on_step=on_step,
+            )
         else:
             from backends.dspark import DSparkHeads
             from backends.training.dspark import train_dspark
@@ -214,19 +224,29 @@ def cmd_train(args: argparse.Namespace) -> int:
             modules = {"network": net, "heads": heads}
             network["rank"] = args.rank
             warm_start(modules)
-            losses = train_dspark(net, heads, target, feats, block_size=args.k, on_step=on_step, **anchors, **common)
+            losses = train_dspark(
+                net,
+                heads,
+                target,
+                feats,
+                schedule,
+                block_size=args.k,
+                anchors_per_seq=args.anchors,
+                aux_layers=aux,
+                on_step=on_step,
+            )
     wall = time.perf_counter() - start
     tail = losses[-min(50, len(losses)) :]
     final = sum(tail) / len(tail)
     training = {
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "warmup": args.warmup,
-        "clip": args.clip,
-        "keep_top": args.keep_top,
-        "negatives": args.negatives,
-        "seed": args.seed,
+        "steps": schedule.steps,
+        "batch_size": schedule.batch_size,
+        "lr": schedule.lr,
+        "warmup": schedule.warmup,
+        "clip": schedule.clip,
+        "keep_top": schedule.keep_top,
+        "negatives": schedule.negatives,
+        "seed": schedule.seed,
         "dtype": args.dtype,
         "first_loss": round(losses[0], 4),
         "final_loss": round(final, 4),

@@ -163,47 +163,81 @@ def target_features(
     return TargetFeatures(tokens, tuple(aux_layers), tuple(aux), top_ids[:, :, 0].clone(), top_ids, top_probs)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainSchedule:
+    """How a drafter is optimised: the settings every trainer shares, checked once.
+
+    The EAGLE, DFlash and DSpark trainers differ in their networks and losses
+    but not in how they are optimised, so these settings live here instead of
+    in three repeated keyword lists; ``run_adamw`` reads them. ``seed`` drives
+    the batch, anchor and vocabulary sampling (not the weights' initialisation).
+    With ``warmup > 0`` the learning rate ramps up linearly for ``warmup``
+    steps and then decays on a cosine to 10% (``lr_factor``); without, it is
+    constant. ``autocast`` runs the forward in that dtype (weights and
+    optimizer stay fp32); ``clip`` caps the gradient norm. ``keep_top`` and
+    ``negatives`` score against a vocabulary subset (``head_sampler``):
+    ``keep_top=None`` is the whole vocabulary.
+    """
+
+    steps: int
+    lr: float = 3e-3
+    seed: int = 0
+    batch_size: int = 8
+    warmup: int = 0
+    clip: float | None = None
+    autocast: torch.dtype | None = None
+    keep_top: int | None = None
+    negatives: int = 0
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be {rule}, got {value!r}"
+            for name, value, ok, rule in [
+                ("steps", self.steps, self.steps >= 1, ">= 1"),
+                ("lr", self.lr, 0 < self.lr < math.inf, "> 0 and finite"),
+                ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+                ("warmup", self.warmup, self.warmup >= 0, ">= 0"),
+                ("clip", self.clip, self.clip is None or 0 < self.clip < math.inf, "None or > 0 and finite"),
+                ("keep_top", self.keep_top, self.keep_top is None or self.keep_top >= 1, "None or >= 1"),
+                ("negatives", self.negatives, self.negatives >= 0, ">= 0"),
+            ]
+            if not ok
+        ]
+        if problems:
+            raise ValueError("invalid TrainSchedule: " + "; ".join(problems))
+
+
 def run_adamw(
     params: Sequence[torch.nn.Parameter],
+    schedule: TrainSchedule,
     *,
-    steps: int,
-    lr: float,
     num_sequences: int,
-    batch_size: int,
-    seed: int,
     batch_loss: Callable[[Int[Tensor, " batch"], torch.Generator], Tensor],
     name: str,
-    autocast: torch.dtype | None = None,
-    warmup: int = 0,
-    clip: float | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """The optimisation loop every drafter trainer shares: sample sequences, step AdamW, stop on divergence.
 
     ``batch_loss`` gets the sampled sequence indices and the CPU generator (for
-    anchors), so a run is reproducible from ``seed`` on any device. With
-    ``warmup > 0`` the learning rate ramps up linearly for ``warmup`` steps and
-    then decays on a cosine to 10% (long real runs); without, it is constant.
-    ``autocast`` runs the forward in that dtype (weights and optimizer stay fp32);
-    ``clip`` caps the gradient norm (a guard for the high learning rates short runs use).
+    anchors), so a run is reproducible from ``schedule.seed`` on any device.
+    ``on_step(step, loss)`` is called after each step (1-based), for progress logs.
+    ``schedule.keep_top``/``negatives`` are the trainer's to apply (they shape ``batch_loss``).
     """
-    if steps < 0 or warmup < 0:
-        raise ValueError(f"steps and warmup must be >= 0, got {steps} and {warmup}")
     device = params[0].device if params else torch.device("cpu")
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device="cpu").manual_seed(schedule.seed)
     losses: list[float] = []
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    for step in range(steps):
-        if warmup:
+    opt = torch.optim.AdamW(params, lr=schedule.lr, weight_decay=0.0)
+    for step in range(schedule.steps):
+        if schedule.warmup:
             for group in opt.param_groups:
-                group["lr"] = lr * schedule(step, steps, warmup)
-        index = torch.randint(0, num_sequences, (min(batch_size, num_sequences),), generator=g).to(device)
-        with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
+                group["lr"] = schedule.lr * lr_factor(step, schedule.steps, schedule.warmup)
+        index = torch.randint(0, num_sequences, (min(schedule.batch_size, num_sequences),), generator=g).to(device)
+        with torch.autocast(device.type, dtype=schedule.autocast) if schedule.autocast is not None else nullcontext():
             loss = batch_loss(index, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, clip)
+        if schedule.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, schedule.clip)
         opt.step()
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
@@ -213,7 +247,7 @@ def run_adamw(
     return losses
 
 
-def schedule(step: int, steps: int, warmup: int) -> float:
+def lr_factor(step: int, steps: int, warmup: int) -> float:
     """Learning-rate factor: linear warmup, then cosine decay to 0.1 at the last step."""
     if step < warmup:
         return (step + 1) / warmup

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork, context_kv
 from backends.registry import spread_layers
-from backends.training.data import TargetFeatures, as_features, run_adamw
+from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.vocab import HeadRows, head_sampler
 from specdec.model.transformer import Transformer
 
@@ -159,28 +159,20 @@ def train_dflash(
     network: DFlashNetwork,
     target: Transformer,
     sequences: Int[Tensor, "num seq_len"] | TargetFeatures,
+    schedule: TrainSchedule,
     *,
-    steps: int,
-    lr: float = 3e-3,
     block_size: int = 4,
-    seed: int = 0,
-    batch_size: int = 8,
     anchors_per_seq: int = 8,
     gamma: float | None = None,
     labels: Labels = "greedy",
     aux_layers: Sequence[int] | None = None,
     min_anchor: int = 1,
-    keep_top: int | None = None,
-    negatives: int = 0,
-    autocast: torch.dtype | None = None,
-    warmup: int = 0,
-    clip: float | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW on the drafter's own weights (target embedding and LM head frozen); returns the loss per step.
 
-    ``block_size`` is the query width q = K + 1 (bonus first); ``keep_top`` and
-    ``negatives`` score against a vocabulary subset (``head_sampler``). Runs on the
+    ``schedule`` is the optimisation (steps, learning rate, seed, vocabulary subset...);
+    ``block_size`` is the query width q = K + 1 (bonus first). Runs on the
     target's device; nothing here is CPU- or GPU-specific.
     """
     q = block_size
@@ -192,7 +184,9 @@ def train_dflash(
     feats = as_features(target, sequences, aux_layers)
     num, seq_len = feats.tokens.shape
 
-    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=negatives, dtype=autocast)
+    sampler = head_sampler(
+        target, feats, keep_top=schedule.keep_top, negatives=schedule.negatives, dtype=schedule.autocast
+    )
 
     def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
         anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, seq_len - q, g, device)
@@ -200,17 +194,4 @@ def train_dflash(
         return dflash_loss(network, feats, index, anchors, q, gamma, labels, head_rows)
 
     with trainable(network) as params:
-        return run_adamw(
-            params,
-            steps=steps,
-            lr=lr,
-            num_sequences=num,
-            batch_size=batch_size,
-            seed=seed,
-            batch_loss=batch_loss,
-            name="DFlash",
-            autocast=autocast,
-            warmup=warmup,
-            clip=clip,
-            on_step=on_step,
-        )
+        return run_adamw(params, schedule, num_sequences=num, batch_loss=batch_loss, name="DFlash", on_step=on_step)

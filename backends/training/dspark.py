@@ -19,7 +19,7 @@ from torch import Tensor
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
 from backends.dspark.heads import DSparkHeads
-from backends.training.data import TargetFeatures, as_features, run_adamw
+from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.dflash import (
     Labels,
     block_hidden,
@@ -104,12 +104,9 @@ def train_dspark(
     heads: DSparkHeads,
     target: Transformer,
     sequences: Int[Tensor, "num seq_len"] | TargetFeatures,
+    schedule: TrainSchedule,
     *,
-    steps: int,
-    lr: float = 3e-3,
     block_size: int = 4,
-    seed: int = 0,
-    batch_size: int = 8,
     anchors_per_seq: int = 8,
     gamma: float | None = None,
     labels: Labels = "greedy",
@@ -117,16 +114,11 @@ def train_dspark(
     conf_weight: float = 1.0,
     aux_layers: Sequence[int] | None = None,
     min_anchor: int = 1,
-    keep_top: int | None = None,
-    negatives: int = 0,
-    autocast: torch.dtype | None = None,
-    warmup: int = 0,
-    clip: float | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW on the backbone and both heads (target frozen); ``block_size`` is q = K. Returns losses per step.
 
-    ``keep_top``/``negatives`` score against a vocabulary subset (``head_sampler``);
+    ``schedule.keep_top``/``negatives`` score against a vocabulary subset (``head_sampler``);
     the TV term needs every top token of the features kept, so ``keep_top`` must be all of them.
     """
     q = block_size
@@ -137,9 +129,10 @@ def train_dspark(
     num, seq_len = feats.tokens.shape
     high = seq_len - q - (1 if labels == "data" else 0)
 
+    keep_top = schedule.keep_top
     if keep_top is not None and keep_top != feats.top_ids.shape[-1]:
         raise ValueError(f"DSpark's TV term reads all {feats.top_ids.shape[-1]} top tokens; keep_top={keep_top}")
-    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=negatives, dtype=autocast)
+    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=schedule.negatives, dtype=schedule.autocast)
 
     def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
         anchors = sample_anchors(len(index), anchors_per_seq, min_anchor, high, g, device)
@@ -147,17 +140,4 @@ def train_dspark(
         return dspark_loss(network, heads, feats, index, anchors, q, gamma, labels, tv_weight, conf_weight, head_rows)
 
     with trainable(network, heads) as params:
-        return run_adamw(
-            params,
-            steps=steps,
-            lr=lr,
-            num_sequences=num,
-            batch_size=batch_size,
-            seed=seed,
-            batch_loss=batch_loss,
-            name="DSpark",
-            autocast=autocast,
-            warmup=warmup,
-            clip=clip,
-            on_step=on_step,
-        )
+        return run_adamw(params, schedule, num_sequences=num, batch_loss=batch_loss, name="DSpark", on_step=on_step)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from backends.autoregressive.networks import EagleHead
 from backends.registry import spread_layers
-from backends.training.data import TargetFeatures, as_features, run_adamw
+from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.dflash import Labels, decay_weights, trainable
 from backends.training.vocab import HeadRows, head_sampler
 from specdec.model.transformer import Transformer
@@ -124,29 +124,21 @@ def train_eagle(
     head: EagleHead,
     target: Transformer,
     sequences: Int[Tensor, "num seq_len"] | TargetFeatures,
+    schedule: TrainSchedule,
     *,
-    steps: int,
     depth: int = 3,
-    lr: float = 3e-3,
-    seed: int = 0,
-    batch_size: int = 8,
     gamma: float | None = None,
     labels: Labels = "greedy",
     aux_layers: Sequence[int] | None = None,
     loss_rows: int | None = None,
-    keep_top: int | None = None,
-    negatives: int = 0,
-    autocast: torch.dtype | None = None,
-    warmup: int = 0,
-    clip: float | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW on the head's own weights (target embedding and LM head frozen); returns the loss per step.
 
     ``depth`` is how many draft steps are unrolled (the K it is tuned for).
     ``sequences`` are token ids, or features precomputed by ``target_features``.
-    ``loss_rows`` scores that many random rows per batch (default: all);
-    ``keep_top``/``negatives`` score against a vocabulary subset (``head_sampler``).
+    ``schedule`` is the optimisation (steps, learning rate, seed, vocabulary subset...);
+    ``loss_rows`` scores that many random rows per batch (default: all).
     Runs on the target's device; nothing here is CPU- or GPU-specific.
     """
     if depth < 1:
@@ -160,7 +152,9 @@ def train_eagle(
     if loss_rows is not None and loss_rows < 1:
         raise ValueError(f"loss_rows must be >= 1, got {loss_rows}")
 
-    sampler = head_sampler(target, feats, keep_top=keep_top, negatives=negatives, dtype=autocast)
+    sampler = head_sampler(
+        target, feats, keep_top=schedule.keep_top, negatives=schedule.negatives, dtype=schedule.autocast
+    )
 
     def batch_loss(index: Tensor, g: torch.Generator) -> Tensor:
         head_rows = None if sampler.full else sampler.rows(g)
@@ -172,16 +166,5 @@ def train_eagle(
 
     with trainable(head) as params:  # the target is held outside the head's parameters
         return run_adamw(
-            params,
-            steps=steps,
-            lr=lr,
-            num_sequences=feats.tokens.shape[0],
-            batch_size=batch_size,
-            seed=seed,
-            batch_loss=batch_loss,
-            name="EAGLE",
-            autocast=autocast,
-            warmup=warmup,
-            clip=clip,
-            on_step=on_step,
+            params, schedule, num_sequences=feats.tokens.shape[0], batch_loss=batch_loss, name="EAGLE", on_step=on_step
         )
