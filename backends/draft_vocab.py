@@ -67,8 +67,9 @@ class DraftVocab:
             )
         sub = self._packed.run(normed, (self.head(target),))[0].float()
         out = torch.full((normed.shape[0], self.vocab_size), float("-inf"), device=normed.device)
-        ids = self.ids.to(normed.device)
-        out.index_copy_(1, ids, sub)
+        if self.ids.device != normed.device:  # once: no host-to-device copy per draft step afterwards
+            self.ids = self.ids.to(normed.device)
+        out.index_copy_(1, self.ids, sub)
         return out
 
 
