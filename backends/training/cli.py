@@ -136,6 +136,11 @@ def cmd_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that ran, for a file's record (the arguments ``main`` got, not the process's)."""
+    return "python -m backends.training.cli " + shlex.join(args.argv)
+
+
 def load_features(path: str) -> tuple[str, list[str], Any]:
     from backends.training.data import TargetFeatures
 
@@ -264,7 +269,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "network": network,
         "training": training,
         "data": summary,
-        "command": "python -m backends.training.cli " + shlex.join(sys.argv[1:]),
+        "command": command_line(args),
     }
     vocab = None
     if args.draft_vocab:
@@ -301,7 +306,7 @@ def cmd_vocab(args: argparse.Namespace) -> int:
     training = json.loads(meta["training"])
     ids, training["draft_vocab"] = draft_vocab_of(feats, args.size, target.config.vocab_size)
     meta["training"] = json.dumps(training)
-    meta["vocab_command"] = "python -m backends.training.cli " + shlex.join(sys.argv[1:])
+    meta["vocab_command"] = command_line(args)
     tensors[DRAFT_VOCAB] = ids.to(torch.int32).contiguous()
     save_file(tensors, str(path), metadata=meta)
     log(f"wrote {path} with a draft vocabulary of {len(ids)} tokens")
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     v.set_defaults(run=cmd_vocab)
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     code: int = args.run(args)
