@@ -64,6 +64,7 @@ class BenchOptions:
     repeats: int = 2
     max_prompt_tokens: int = 512
     dtype: str = "float32"
+    batch_invariant: bool = False
     threads: int | None = None
     weights: str = "auto"
     contracts: str = "off"
@@ -163,6 +164,8 @@ class BenchOptions:
             args += ["--contract-backend", self.contract_backend]
         if not self.peer:
             args.append("--no-peer")
+        if self.batch_invariant:
+            args.append("--batch-invariant")
         return shlex.join(args)
 
 
@@ -310,6 +313,7 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "dtype": options.dtype,
+        "batch_invariant": options.batch_invariant,
         "model": options.model,
         "contracts": options.contracts,
     }
@@ -378,7 +382,11 @@ def run_bench(
         "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "environment": environment(options),
         "config": {
-            **{k: v for k, v in asdict(options).items() if k not in ("model", "dtype", "threads", "contracts")},
+            **{
+                k: v
+                for k, v in asdict(options).items()
+                if k not in ("model", "dtype", "batch_invariant", "threads", "contracts")
+            },
             "suites": list(options.suites),
             "backends": list(options.backends),
         },
@@ -502,6 +510,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, help="interleaved rounds per batch (default 2; --quick 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="longer prompts are skipped, not cut")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bf16: a request's logits do not depend on its batch (slower; Transformer.batch_invariant)",
+    )
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument(
         "--weights",
@@ -539,6 +552,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "k": args.num_spec_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "dtype": args.dtype,
+        "batch_invariant": args.batch_invariant,
         "threads": args.threads,
         "weights": args.weights,
         "contracts": args.contracts,
@@ -594,6 +608,7 @@ def run(args: argparse.Namespace) -> int:
         elif options.peer:
             peer_reason = "the peer runs batch 1 greedy only, and this run has none"
         target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
+        target.batch_invariant = options.batch_invariant
     except (ModelStoreError, UnknownModelError) as exc:
         print(f"specdec bench: {exc} (pull it first: specdec models pull {options.model})", file=sys.stderr)
         if peer is not None:

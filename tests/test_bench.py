@@ -331,6 +331,9 @@ def test_options_render_the_command_that_reproduces_them() -> None:
     assert (quick.max_tokens, quick.batch_sizes, quick.backends, quick.peer) == (8, (1, 2), ("eagle",), False)
     again = options_from_args(parser.parse_args(quick.command().split()[2:]))
     assert again == quick
+    exact = options_from_args(parser.parse_args(["--quick", "--dtype", "bfloat16", "--batch-invariant"]))
+    assert exact.batch_invariant and "--batch-invariant" in exact.command()
+    assert options_from_args(parser.parse_args(exact.command().split()[2:])) == exact
 
 
 def test_peer_reports_a_load_failure_instead_of_hanging(tmp_path: Path) -> None:

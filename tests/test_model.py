@@ -28,7 +28,7 @@ from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.model import IndexerConfig, ModelConfig, ModelOutput, MoEConfig, Transformer, paged_attention
 from specdec.model.layers import stream_seed
-from specdec.model.packed_linear import FP32_PACKED_ROWS, PackedLinear, mkldnn_available
+from specdec.model.packed_linear import FP32_PACKED_ROWS, ROW_INVARIANT_ROWS, PackedLinear, mkldnn_available
 
 ATOL = 1e-4
 
@@ -649,3 +649,82 @@ def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit(
     one_by_one = torch.cat([decoded.run(Step([("a", [t])]))[0] for t in drafts])
     assert torch.equal(verified.run(Step([("a", drafts)]))[0], one_by_one)
     assert torch.equal(torch.cat(verified.cached("a")), torch.cat(decoded.cached("a")))
+
+
+# -- batch invariance (opt-in) -----------------------------------------------------------------------
+
+BATCH_STEPS = [  # per step, the new tokens of each request (a request absent from a step does not run in it)
+    {"a": tokens(20, 19), "b": tokens(21, 5), "c": tokens(22, 23)},  # prefills of three lengths: 47 rows in all
+    {"a": tokens(23, 1), "b": tokens(24, 1), "c": tokens(25, 1)},  # decodes
+    {"a": tokens(26, 4), "b": tokens(27, 1), "c": tokens(28, 4)},  # verify, decode, verify
+    {"a": tokens(29, 5), "c": tokens(30, 1)},
+]
+
+
+def step_logits(model: Transformer, batched: bool) -> dict[str, list[torch.Tensor]]:
+    """Each request's logits per step, its steps run in one batch with the others or in a session of its own."""
+    out: dict[str, list[torch.Tensor]] = {rid: [] for rid in BATCH_STEPS[0]}
+    if batched:
+        session = Session.new(model)
+        for chunks in BATCH_STEPS:
+            for (rid, _), logits in zip(chunks.items(), session.run(Step(list(chunks.items()))), strict=True):
+                out[rid].append(logits)
+        return out
+    for rid in out:
+        alone = Session.new(model)
+        out[rid] = [alone.run(Step([(rid, chunks[rid])]))[0] for chunks in BATCH_STEPS if rid in chunks]
+    return out
+
+
+def test_batch_invariant_bf16_requests_get_the_same_logits_in_a_batch_as_alone() -> None:
+    """Prefill, decode and verify rows of a request equal, bit for bit, the same steps run alone.
+
+    The batched prefill has 47 rows, more than ``ROW_INVARIANT_ROWS``, so the linears' row chunking is
+    exercised too. Without ``batch_invariant`` 1 of the 11 request-steps differs (measured on this CPU).
+    """
+    model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    model.batch_invariant = True
+    batched, alone = step_logits(model, batched=True), step_logits(model, batched=False)
+    for rid in alone:
+        assert len(batched[rid]) == len(alone[rid])
+        for i, (got, want) in enumerate(zip(batched[rid], alone[rid], strict=True)):
+            assert torch.equal(got, want), f"request {rid}, step {i}"
+
+
+def test_batch_invariant_speculative_greedy_in_a_batch_equals_plain_greedy_alone() -> None:
+    """End to end through the engine, verify rows included (the logits test above is the one that fails without it)."""
+    from specdec.backend_registry import create
+    from specdec.engine import Engine, EngineConfig
+    from specdec.scheduler import SchedulerConfig
+
+    model = Transformer(ModelConfig.tiny(vocab_size=64), seed=2, dtype=torch.bfloat16)
+    model.batch_invariant = True
+    prompts = [tokens(40 + i, 3 + 2 * i, vocab=64) for i in range(4)]
+
+    def greedy(batch: list[list[int]], speculate: bool) -> list[list[int]]:
+        config = EngineConfig(num_blocks=96, block_size=4, scheduler=SchedulerConfig(max_model_len=64))
+        spec = create("draft-model", model, num_spec_tokens=3, draft=model) if speculate else None
+        engine = Engine(model, config, speculator=spec)
+        for i, prompt in enumerate(batch):
+            engine.add_request(str(i), prompt, max_tokens=24)
+        with torch.inference_mode():
+            out = engine.run()
+        return [out[str(i)] for i in range(len(batch))]
+
+    alone = [greedy([p], speculate=False)[0] for p in prompts]
+    assert greedy(prompts, speculate=True) == alone
+    assert greedy(prompts, speculate=False) == alone
+
+
+@needs_onednn
+def test_row_chunked_packed_bf16_rows_equal_the_rows_computed_alone() -> None:
+    """What ``batch_invariant`` relies on: chunks of at most 32 rows give every row its one-row bits."""
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(1536, 576, generator=g) * 0.05).bfloat16()
+    x = torch.randn(100, 576, generator=g).bfloat16()
+    packed = PackedLinear()
+    with torch.inference_mode():
+        alone = torch.cat([packed.run(x[i : i + 1], (w,))[0] for i in range(100)])
+        packed.row_chunk = ROW_INVARIANT_ROWS
+        assert torch.equal(packed.run(x, (w,))[0], alone)
+        assert torch.equal(copy.deepcopy(packed).run(x, (w,))[0], alone)  # a copy keeps its chunking

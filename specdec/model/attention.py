@@ -155,11 +155,20 @@ class AttentionPlan:
     groups: tuple[_Group, ...]
 
     @classmethod
-    def build(cls, meta: AttentionMetadata, kv: PagedKVStorage, rows: int) -> AttentionPlan:
-        """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups."""
+    def build(
+        cls, meta: AttentionMetadata, kv: PagedKVStorage, rows: int, *, per_request: bool = False
+    ) -> AttentionPlan:
+        """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups.
+
+        ``per_request``: every request is a group of its own, attended exactly as
+        if it ran alone (its own width, no padding mask; bf16 verify rows row by
+        row), so its outputs do not depend on what else is in the batch. Costs one
+        attention call per request (per row for bf16 verify rows) instead of one
+        per query length.
+        """
         qsl = _validate_rows(rows, meta)
         seq_lens = host_seq_lens(meta)
-        by_len: dict[int, list[int]] = {}
+        by_len: dict[tuple[int, int], list[int]] = {}
         for r in range(meta.num_reqs):
             query_len = qsl[r + 1] - qsl[r]
             if query_len == 0:
@@ -168,10 +177,10 @@ class AttentionPlan:
                 raise ValueError(
                     f"request {r}: seq_len {seq_lens[r]} < query_len {query_len}; its queries must be cached"
                 )
-            by_len.setdefault(query_len, []).append(r)
+            by_len.setdefault((query_len, r if per_request else -1), []).append(r)
         device = kv.device
         groups = []
-        for query_len, reqs in by_len.items():
+        for (query_len, _), reqs in by_len.items():
             lens = [seq_lens[r] for r in reqs]
             width = max(lens)
             index = torch.tensor(reqs, dtype=torch.int64, device=device)
@@ -198,7 +207,7 @@ class AttentionPlan:
                     bias=torch.zeros(allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
                         ~allowed, float("-inf")
                     )[:, None],
-                    row_by_row=start is not None
+                    row_by_row=(start is not None or per_request)
                     and meta.causal
                     and 1 < query_len <= ROW_BY_ROW_MAX_QUERY
                     and kv.dtype in ROW_BY_ROW_DTYPES,

@@ -39,8 +39,16 @@ FP32_PACKED_ROWS = (4, 64)
 FP32_PACKED_MIN_WEIGHT = 256 * 256
 """fp32 weights with fewer elements (the test matrix's tiny models) run faster through plain ``F.linear``.
 
-bf16 always packs: its packed path gives the same bits whatever the row count,
-which bf16 verify rows rely on to equal decode steps.
+bf16 always packs: its packed path gives a row the same bits for any row count up
+to ``ROW_INVARIANT_ROWS``, which bf16 verify rows rely on to equal decode steps.
+"""
+ROW_INVARIANT_ROWS = 32
+"""Up to this many rows, oneDNN's packed bf16 matmul gives each row the bits it gets alone.
+
+Measured on this CPU (AMX) for SmolLM2's shapes: every count from 1 to 32 rows
+matches one row at a time; 33 to ~300 rows use another blocking and differ in the
+last bit. ``row_chunk`` splits larger inputs into pieces of at most this size
+(``Transformer.batch_invariant``).
 """
 
 
@@ -64,6 +72,8 @@ class PackedLinear:
         self._key: tuple[tuple[int, int, int], ...] | None = None
         self._packed: Tensor | None = None
         self._splits: list[int] = []
+        self.row_chunk: int | None = None
+        """Multiply at most this many rows per call (``ROW_INVARIANT_ROWS``: results independent of the batch)."""
 
     def run(
         self, x: Float[Tensor, "rows in_features"], weights: Sequence[Tensor]
@@ -71,7 +81,14 @@ class PackedLinear:
         """``tuple(F.linear(x, w) for w in weights)``, through one packed matmul when that path applies."""
         if not self.applies(x, weights):
             return tuple(F.linear(x, w) for w in weights)
-        out = torch.ops.mkldnn._linear_pointwise(x, self._pack(weights), None, "none", [], "")
+        packed = self._pack(weights)
+        chunk = self.row_chunk
+        if chunk is not None and x.shape[0] > chunk:
+            out = torch.cat(
+                [torch.ops.mkldnn._linear_pointwise(part, packed, None, "none", [], "") for part in x.split(chunk)]
+            )
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         if len(weights) == 1:
             return (out,)
         return tuple(out.split(self._splits, dim=-1))
@@ -105,10 +122,13 @@ class PackedLinear:
 
     # A packed (opaque oneDNN) tensor can be neither pickled nor deep-copied; a copy repacks on first use.
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"row_chunk": self.row_chunk}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
+        self.row_chunk = state.get("row_chunk")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
-        return PackedLinear()
+        copy = PackedLinear()
+        copy.row_chunk = self.row_chunk
+        return copy

@@ -30,7 +30,7 @@ from specdec.model.config import ModelConfig
 from specdec.model.indexer import SparseIndexer
 from specdec.model.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
 from specdec.model.moe import MoEMLP
-from specdec.model.packed_linear import PackedLinear
+from specdec.model.packed_linear import ROW_INVARIANT_ROWS, PackedLinear
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +85,8 @@ class SharedStep:
     rope: tuple[Tensor, Tensor] | None = None
     write_rows: Tensor | None = None
     plan: AttentionPlan | None = None
+    per_request: bool = False
+    """Attend every request alone (``Transformer.batch_invariant``)."""
 
 
 class Embedding(nn.Module):
@@ -168,7 +170,7 @@ class SelfAttention(nn.Module):
             sparse_mask = self.indexer(h[:rows], meta, kv, self.layer)
         plan = shared.plan if shared is not None else None
         if plan is None:
-            plan = AttentionPlan.build(meta, kv, rows)
+            plan = AttentionPlan.build(meta, kv, rows, per_request=shared is not None and shared.per_request)
             if shared is not None:
                 shared.plan = plan
         attended = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask, plan=plan)
@@ -274,6 +276,29 @@ class Transformer(nn.Module):
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, init, "lm_head")
         )
         self._lm_head_packed = PackedLinear()
+        self._batch_invariant = False
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a request's logits are independent of the rest of its batch (bf16; off by default).
+
+        On, every request attends alone (its own width, bf16 verify rows row by
+        row) and every packed linear multiplies at most ``ROW_INVARIANT_ROWS`` rows
+        per call, so a bf16 model computes a request in a batch bit for bit as it
+        computes it alone, and speculative greedy output in a batch equals plain
+        greedy output of the request alone. It costs an attention call per request
+        (per verify row) and a weight read per 32 rows. fp32's unpacked MKL
+        linears vary with the row count, so fp32 is not made batch-invariant.
+        """
+        return self._batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        self._batch_invariant = on
+        for module in self.modules():
+            for value in vars(module).values():
+                if isinstance(value, PackedLinear):
+                    value.row_chunk = ROW_INVARIANT_ROWS if on else None
 
     # -- shared with drafters ----------------------------------------------------------------------
 
@@ -332,7 +357,7 @@ class Transformer(nn.Module):
         wanted = self._aux_indices(aux_layers)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         captured: dict[int, Tensor] = {}
-        shared = SharedStep()
+        shared = SharedStep(per_request=self.batch_invariant)
         for i, layer in enumerate(self.model.decoder_layers()):
             x = layer(x, positions, meta, kv, dp_group, num_tokens_across_dp, shared)
             if i in wanted:
