@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--query-len", type=int, default=4, help="tokens per request (decode 1, verify K+1)")
     b.set_defaults(func=_bench_contracts)
 
-    from specdec.bench import add_arguments as add_bench_arguments
+    from specdec.bench_options import add_arguments as add_bench_arguments
 
     s = sub.add_parser(
         "bench",

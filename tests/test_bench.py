@@ -21,7 +21,7 @@ from real_models import PulledModel, smollm2  # noqa: F401  (fixture)
 import contracts
 import contracts.enforcement
 from specdec import engine as engine_module
-from specdec.bench import DOCS_BEGIN, DOCS_END, BenchOptions, count_runs, run_bench, write_docs
+from specdec.bench import count_runs, run_bench
 from specdec.bench_contract_modes import CheckTimer, contract_mode
 from specdec.bench_lossless import (
     TopTwo,
@@ -31,6 +31,8 @@ from specdec.bench_lossless import (
     tie_tolerance_for,
     top_two,
 )
+from specdec.bench_options import BenchOptions
+from specdec.bench_output import DOCS_BEGIN, DOCS_END, write_docs
 from specdec.bench_report import render_markdown, round_noise
 from specdec.bench_runner import PLAIN, EngineRunner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench_suites import Batch, BenchPrompt, Workload, build_workload
@@ -278,7 +280,7 @@ def test_tiny_bench_is_lossless_and_summarizes_every_runner(tiny_report: dict[st
 
 def test_report_renders_and_writes_plots_and_docs(tiny_report: dict[str, object], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from specdec.bench import write_outputs
+    from specdec.bench_output import write_outputs
 
     report = json.loads(json.dumps(tiny_report))
     written = write_outputs(report, tmp_path / "out")
@@ -323,7 +325,7 @@ def test_cli_rejects_bad_options_before_loading_anything(
 def test_options_render_the_command_that_reproduces_them() -> None:
     import argparse
 
-    from specdec.bench import add_arguments, options_from_args
+    from specdec.bench_options import add_arguments, options_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
