@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -403,30 +403,27 @@ def format_report(bench: DecodeBench) -> str:
     return "\n".join(lines)
 
 
+class MeasureOptions(TypedDict, total=False):
+    """``measure``'s keyword options, so ``main`` passes them on without repeating them."""
+
+    new_tokens: int
+    repeats: int
+    verify_lens: Sequence[int]
+    dtypes: Sequence[str]
+    threads: int | None
+    reference: str
+    prompt: str
+    chat: bool
+
+
 def main(
-    model: str = "smollm2-135m-instruct",
-    *,
-    new_tokens: int = 64,
-    repeats: int = 3,
-    verify_lens: Sequence[int] = (1, 2, 4, 5, 8),
-    dtypes: Sequence[str] = ("float32", "bfloat16"),
-    threads: int | None = None,
-    reference: str = "converted",
-    json_path: str | None = None,
+    model: str = "smollm2-135m-instruct", *, json_path: str | None = None, **options: Unpack[MeasureOptions]
 ) -> int:
     """Print the report (and write it as JSON to ``json_path``); 0 on success, 1 when the model is not pulled."""
     from specdec.models import ModelStoreError, UnknownModelError
 
     try:
-        bench = measure(
-            model,
-            new_tokens=new_tokens,
-            repeats=repeats,
-            verify_lens=verify_lens,
-            dtypes=dtypes,
-            threads=threads,
-            reference=reference,
-        )
+        bench = measure(model, **options)
     except (ModelStoreError, UnknownModelError) as exc:
         print(f"bench-decode: {exc} (pull it first: specdec models pull {model})")
         return 1
