@@ -17,8 +17,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from specdec.model.packed_linear import PackedLinear
-from specdec.model.transformer import Transformer
+from specdec.nn.packed_linear import PackedLinear
+from specdec.nn.transformer import Transformer
 
 
 class DraftVocab:

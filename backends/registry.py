@@ -12,7 +12,7 @@ from typing import Any
 
 from backends.pretrained import load_draft_vocab, load_drafter, meta_json, read_metadata, resolve
 from specdec.backend_registry import create
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
 __all__ = ["create", "make_dflash", "make_draft_model", "make_dspark", "make_eagle", "spread_layers"]
@@ -38,7 +38,7 @@ def trained_config(pretrained: str | Path, backend: str) -> tuple[Path, dict[str
 
 
 def mark_weights(speculator: Speculator, source: str) -> Speculator:
-    """Record where the drafter's weights came from (``specdec.streaming.drafter_weights_are_random`` reads it)."""
+    """Record where the drafter's weights came from (``specdec.cli.streaming.drafter_weights_are_random`` reads it)."""
     setattr(speculator, "weights_source", source)  # noqa: B010 - an optional attribute the Speculator protocol lacks
     return speculator
 

@@ -19,7 +19,7 @@ _EXPORTS = {
     "DraftOutput": "specdec.speculator",
     "Engine": "specdec.engine",
     "EngineConfig": "specdec.engine",
-    "ModelConfig": "specdec.model.config",
+    "ModelConfig": "specdec.nn.config",
     "Proposal": "specdec.speculator",
     "RunMetrics": "specdec.engine",
     "SamplingParams": "specdec.sampling",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "SchedulerConfig": "specdec.scheduler",
     "Speculator": "specdec.speculator",
     "TargetStep": "specdec.speculator",
-    "Transformer": "specdec.model.transformer",
+    "Transformer": "specdec.nn.transformer",
 }
 
 __all__ = [
@@ -51,8 +51,8 @@ __all__ = [
 if TYPE_CHECKING:
     from specdec.attn_metadata import ScheduledRequest
     from specdec.engine import Engine, EngineConfig, RunMetrics
-    from specdec.model.config import ModelConfig
-    from specdec.model.transformer import Transformer
+    from specdec.nn.config import ModelConfig
+    from specdec.nn.transformer import Transformer
     from specdec.sampling import SamplingParams
     from specdec.scheduler import SchedulerConfig
     from specdec.speculator import DraftContext, DraftModel, DraftOutput, Proposal, Speculator, TargetStep

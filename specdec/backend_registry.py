@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeAlias
 
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
 __all__ = [

@@ -21,7 +21,7 @@ from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.kv_cache import KVCacheManager
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig

@@ -35,7 +35,7 @@ from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
-from specdec.model.transformer import ModelOutput, Transformer
+from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 
 

@@ -1,9 +1,10 @@
-"""Test-wide settings: Hypothesis profiles and contracts in ``shapes`` mode by default."""
+"""Test-wide settings: Hypothesis profiles, contracts in ``shapes`` mode by default, markers by folder."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,3 +36,22 @@ def _contracts_in_shapes_mode() -> Iterator[None]:
     """Tests run with shape contracts on, as debug runs do; a test may switch modes."""
     with contracts.enforce(os.environ.get("SPECDEC_TEST_CONTRACTS", "shapes")):
         yield
+
+
+KINDS = ("unit", "integration", "real_model", "bench")
+SLOW_KINDS = {"real_model", "bench"}
+"""Kinds whose every test is slow: they load SmolLM2 or run a benchmark end to end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by the folder it lives in, so ``-m unit`` or ``-m "not slow"`` selects by kind."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            kind = Path(item.path).relative_to(root).parts[0]
+        except ValueError:
+            continue  # a test outside tests/ (the example backend's own suite)
+        if kind in KINDS:
+            item.add_marker(kind)
+            if kind in SLOW_KINDS:
+                item.add_marker("slow")

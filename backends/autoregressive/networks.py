@@ -19,9 +19,9 @@ from backends.draft_vocab import DraftVocab, head_logits
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.model.config import ModelConfig
-from specdec.model.layers import Linear, RMSNorm, WeightInit
-from specdec.model.transformer import DecoderLayer, Transformer
+from specdec.nn.config import ModelConfig
+from specdec.nn.layers import Linear, RMSNorm, WeightInit
+from specdec.nn.transformer import DecoderLayer, Transformer
 from specdec.speculator import DraftOutput
 
 

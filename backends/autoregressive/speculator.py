@@ -25,7 +25,7 @@ from specdec.attn_metadata import ScheduledRequest, build_target_metadata, reser
 from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams, probabilities, sample
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
 

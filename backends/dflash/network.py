@@ -24,10 +24,10 @@ from backends.draft_vocab import DraftVocab, head_logits
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.model.attention import attend, validate_attention_inputs, write_kv
-from specdec.model.config import ModelConfig
-from specdec.model.layers import Linear, RMSNorm, WeightInit, apply_rope
-from specdec.model.transformer import DecoderLayer, SelfAttention, Transformer
+from specdec.nn.attention import attend, validate_attention_inputs, write_kv
+from specdec.nn.config import ModelConfig
+from specdec.nn.layers import Linear, RMSNorm, WeightInit, apply_rope
+from specdec.nn.transformer import DecoderLayer, SelfAttention, Transformer
 from specdec.speculator import DraftOutput
 
 MASK_TOKEN_ID = -2

@@ -104,7 +104,7 @@ def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tupl
 def cmd_features(args: argparse.Namespace) -> int:
     import contracts
     from backends.training.data import target_features
-    from specdec.models import load
+    from specdec.hub import load
 
     contracts.set_mode("off")
     start = time.perf_counter()
@@ -152,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from backends.pretrained import load_drafter, meta_json, read_metadata, save_drafter
     from backends.registry import spread_layers
     from backends.training.data import TrainSchedule
-    from specdec.models import load
+    from specdec.hub import load
 
     schedule = TrainSchedule(  # before the slow loads, so a bad setting fails at once
         steps=args.steps,
@@ -294,7 +294,7 @@ def draft_vocab_of(feats: Any, size: int, vocab_size: int) -> tuple[torch.Tensor
 def cmd_vocab(args: argparse.Namespace) -> int:
     """Rewrite a drafter file with a draft vocabulary: same tensors, same metadata plus the vocabulary's record."""
     from backends.pretrained import DRAFT_VOCAB, read_metadata
-    from specdec.models import load
+    from specdec.hub import load
 
     path = Path(args.file)
     meta = read_metadata(path)
@@ -317,7 +317,7 @@ def cmd_tau(args: argparse.Namespace) -> int:
     import contracts
     from backends.training.evaluate import measure_tau
     from specdec.corpora import prompt_suite
-    from specdec.models import load
+    from specdec.hub import load
 
     contracts.set_mode("off")
     target, tokenizer = load(args.model)

@@ -18,8 +18,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from specdec.engine import Engine, EngineConfig
-from specdec.model.transformer import Transformer
-from specdec.models import Tokenizer
+from specdec.hub import Tokenizer
+from specdec.nn.transformer import Transformer
 from specdec.scheduler import SchedulerConfig
 
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 
 
 @torch.no_grad()

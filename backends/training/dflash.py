@@ -23,7 +23,7 @@ from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork, context_kv
 from backends.registry import spread_layers
 from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.vocab import HeadRows, head_sampler
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 
 Labels = Literal["greedy", "data"]
 

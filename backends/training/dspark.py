@@ -29,7 +29,7 @@ from backends.training.dflash import (
     trainable,
 )
 from backends.training.vocab import HeadRows, head_sampler
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 
 
 def coarse_tv(

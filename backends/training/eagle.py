@@ -28,7 +28,7 @@ from backends.registry import spread_layers
 from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.dflash import Labels, decay_weights, trainable
 from backends.training.vocab import HeadRows, head_sampler
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 
 
 def unroll_mask(rows: int, step: int, device: torch.device) -> Bool[Tensor, "rows keys"]:

@@ -9,7 +9,7 @@ import torch
 
 from specdec.backend_registry import create
 from specdec.engine import Engine, EngineConfig
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 from specdec.scheduler import SchedulerConfig
 
 

@@ -18,7 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from backends.training.data import TargetFeatures
-from specdec.model.transformer import Transformer
+from specdec.nn.transformer import Transformer
 
 
 @dataclass(frozen=True, eq=False)

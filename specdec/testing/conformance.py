@@ -44,8 +44,8 @@ from contracts import ContractViolation, CUDAGraphMode
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig
-from specdec.model.config import ModelConfig
-from specdec.model.transformer import ModelOutput, Transformer
+from specdec.nn.config import ModelConfig
+from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal

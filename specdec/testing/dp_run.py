@@ -20,8 +20,8 @@ from specdec import faults
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig, RunMetrics
-from specdec.model.config import ModelConfig
-from specdec.model.transformer import Transformer
+from specdec.nn.config import ModelConfig
+from specdec.nn.transformer import Transformer
 from specdec.request import FinishReason
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig

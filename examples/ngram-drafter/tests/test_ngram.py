@@ -17,7 +17,7 @@ from specdec_ngram import NgramSpeculator, lookup, make_speculator
 import contracts
 from specdec import Engine, EngineConfig, ModelConfig, SamplingParams, SchedulerConfig, Transformer
 from specdec.backend_registry import available_backends, create
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, merged, plain_outputs, run_in_process
 
 MODEL = ModelConfig.tiny()

@@ -1,0 +1,419 @@
+"""``specdec bench``: plain decoding and every backend on fixed prompt suites, interleaved, in one process.
+
+Per suite (HumanEval prompts, MT-Bench first turns, Shakespeare passages),
+batch size (1 and 8) and temperature (greedy and 1), plain decoding and each
+backend run the same prompts back to back, the order alternating between
+rounds (``specdec.bench.runner``). Reported: tau, acceptance by draft
+position, tokens/s and the speedup over plain decoding (median of the
+per-round ratios); transformers ``generate`` on the same model as a peer of
+plain decoding (``specdec.bench.peer``); greedy losslessness on every prompt
+(``specdec.bench.lossless``); the cost of each contract mode
+(``specdec.bench.contract_modes``). Writes ``bench.json``, ``bench.md`` and
+two PNG plots; ``--write-docs`` refreshes ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import contracts
+from specdec.backend_registry import create, names_option
+from specdec.bench.contract_modes import MODES, ModeRunner
+from specdec.bench.lossless import check_lossless, relative_tie_tolerance_for, tie_tolerance_for, top_two
+from specdec.bench.options import BenchOptions, options_from_args
+from specdec.bench.output import write_docs, write_outputs
+from specdec.bench.report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
+from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
+from specdec.bench.suites import Workload, build_workload
+from specdec.nn.transformer import Transformer
+from specdec.speculator import Speculator
+
+# -- drafters ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """How to build one backend's speculator for every run, and where its weights came from."""
+
+    name: str
+    options: dict[str, Any]
+    weights_source: str
+    note: str = ""
+
+    def build(self, target: Transformer) -> Speculator:
+        return create(self.name, target, **self.options)
+
+
+def resolve_drafter(name: str, target: Transformer, *, k: int, weights: str, model: str) -> Drafter:
+    """Trained weights shipped for ``model`` when asked (``auto``: when there are any), else freshly seeded ones.
+
+    The speculator's own ``weights_source`` attribute is reported when it has
+    one; otherwise whether it owns parameters beyond the target's.
+    """
+    from specdec.cli.streaming import drafter_weights_are_random
+
+    options: dict[str, Any] = {"num_spec_tokens": k}
+    note = ""
+    if weights != "random" and names_option(name, "pretrained"):
+        try:
+            speculator = create(name, target, **options, pretrained=model)
+            options["pretrained"] = model
+        except FileNotFoundError as exc:
+            if weights == "trained":
+                raise
+            note = f"no trained weights, random ones used: {exc}"
+            speculator = create(name, target, **options)
+    else:
+        if weights == "trained":
+            raise ValueError(f"--weights trained: backend {name!r} takes no trained weights (no 'pretrained' option)")
+        speculator = create(name, target, **options)
+    declared = getattr(speculator, "weights_source", None)
+    if isinstance(declared, str):
+        source = declared
+    else:
+        source = "random" if drafter_weights_are_random(speculator, target) else "no weights of its own"
+    return Drafter(name, options, source, note)
+
+
+# -- the run -----------------------------------------------------------------------------------------------------
+
+
+def _spread_dict(values: Sequence[float]) -> dict[str, Any] | None:
+    spread = Spread.of(values)
+    return None if spread is None else asdict(spread)
+
+
+def _rate(records: Sequence[RunRecord]) -> float:
+    wall = sum(r.wall_s for r in records)
+    return sum(r.tokens for r in records) / wall if wall > 0 else 0.0
+
+
+def peer_section(records: Sequence[RunRecord], peer_name: str) -> dict[str, Any]:
+    """Engine plain vs the transformers peer: tokens/s ratios per round, per suite and overall, and token agreement."""
+    mine = [r for r in records if r.runner in (PLAIN, peer_name)]
+    suites = []
+    for suite in dict.fromkeys(r.suite for r in mine):
+        rs = [r for r in mine if r.suite == suite]
+        engine = [r for r in rs if r.runner == PLAIN and r.batch_size == 1 and r.temperature == 0.0]
+        peer = [r for r in rs if r.runner == peer_name]
+        if not peer:
+            continue
+        rounds = {r.round_key: r for r in engine}
+        agree = [rounds[p.round_key].outputs == p.outputs for p in peer if p.round_key in rounds]
+        suites.append(
+            {
+                "suite": suite,
+                "engine_tokens_per_s": _rate(engine),
+                "transformers_tokens_per_s": _rate(peer),
+                "engine_over_transformers": _spread_dict(pair_ratios(engine + peer, peer_name).get(PLAIN, [])),
+                "same_tokens": sum(agree),
+                "compared": len(agree),
+            }
+        )
+    overall = pair_ratios([r for r in mine if r.batch_size == 1 and r.temperature == 0.0], peer_name).get(PLAIN, [])
+    return {"status": "ok", "suites": suites, "engine_over_transformers": _spread_dict(overall)}
+
+
+def contract_section(
+    target: Transformer,
+    workload: Workload,
+    drafter: Drafter,
+    options: BenchOptions,
+    stop_token_ids: tuple[int, ...],
+    on_run: Callable[[RunRecord], None],
+) -> dict[str, Any]:
+    """Each contract mode on the same prompts, interleaved; time relative to ``off`` and the share inside checks."""
+    inner = EngineRunner(drafter.name, target, lambda: drafter.build(target))
+    runners = [ModeRunner(inner, mode) for mode in MODES]
+    spec = RunSpec(0.0, options.max_tokens, stop_token_ids, options.seed)
+    batches = workload.singles[: options.contract_prompts]
+    repeats = max(2, options.repeats)
+    records = interleave(batches, runners, spec, repeats=repeats, on_run=on_run)
+    ratios = pair_ratios(records, baseline="off")
+    modes: dict[str, Any] = {}
+    for runner in runners:
+        rs = [r for r in records if r.runner == runner.name]
+        modes[runner.name] = {
+            "tokens_per_s": _rate(rs),
+            # same greedy tokens in every mode, so time relative to off is the inverse of the rate ratio
+            "time_vs_off": _spread_dict([1.0 / x for x in ratios.get(runner.name, []) if x > 0]),
+            "check_fraction": statistics.median(runner.check_fractions) if runner.check_fractions else None,
+            "check_calls": runner.check_calls,
+        }
+    same = len({tuple(map(tuple, r.outputs)) for r in records}) == 1
+    return {
+        "status": "ok",
+        "backend": drafter.name,
+        "suite": workload.suite,
+        "prompts": len(batches),
+        "repeats": repeats,
+        "same_output_in_every_mode": same,
+        "modes": modes,
+    }
+
+
+def environment(options: BenchOptions) -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(terse=True),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "dtype": options.dtype,
+        "batch_invariant": options.batch_invariant,
+        "model": options.model,
+        "contracts": options.contracts,
+    }
+
+
+def run_bench(
+    target: Transformer,
+    workloads: Sequence[Workload],
+    stop_token_ids: tuple[int, ...],
+    options: BenchOptions,
+    *,
+    peer: Runner | None = None,
+    peer_info: dict[str, Any] | None = None,
+    peer_reason: str = "disabled (--no-peer)",
+    on_run: Callable[[RunRecord], None] = lambda _: None,
+) -> dict[str, Any]:
+    """The whole bench on an already loaded target; returns the JSON report (without plots)."""
+    drafters = {
+        name: resolve_drafter(name, target, k=options.k, weights=options.weights, model=options.model)
+        for name in options.backends
+    }
+    runners: list[Runner] = [EngineRunner(PLAIN, target)]
+    for drafter in drafters.values():
+        runners.append(EngineRunner(drafter.name, target, lambda d=drafter: d.build(target)))  # type: ignore[misc]
+    if peer is not None:
+        runners.append(peer)
+    records: list[RunRecord] = []
+
+    def collect(record: RunRecord) -> None:
+        records.append(record)
+        on_run(record)
+
+    interrupted = False
+    contract: dict[str, Any] = {"status": "skipped", "reason": "no backend, prompts or batch-1 runs for it"}
+    previous = contracts.set_mode(options.contracts)
+    try:
+        try:
+            warm_up(workloads, runners, stop_token_ids, options)
+            for workload in workloads:
+                for size in options.batch_sizes:
+                    for temperature in options.temperatures:
+                        spec = RunSpec(temperature, options.max_tokens, stop_token_ids, options.seed)
+                        interleave(workload.batches(size), runners, spec, repeats=options.repeats, on_run=collect)
+            modes_backend = options.modes_backend
+            home = contract_workload(workloads)
+            if modes_backend is not None and options.contract_prompts > 0 and home is not None:
+                contract = contract_section(target, home, drafters[modes_backend], options, stop_token_ids, on_run)
+        except KeyboardInterrupt:  # Ctrl-C: report the runs that finished (rounds cut short pair nothing)
+            interrupted = True
+            if contract["status"] != "ok":
+                contract = {"status": "skipped", "reason": "interrupted"}
+        prompt_ids = {p.id: p.ids for w in workloads for b in (*w.singles, *w.groups) for p in b.prompts}
+        lossless = check_lossless(
+            records,
+            prompt_ids,
+            lambda ids: top_two(target, ids),
+            tie_tolerance=tie_tolerance_for(options.torch_dtype),
+            relative_tolerance=relative_tie_tolerance_for(options.torch_dtype),
+            skip=() if peer is None else (peer.name,),
+        )
+    finally:
+        contracts.set_mode(previous)
+    report: dict[str, Any] = {
+        "command": options.command(),
+        "interrupted": interrupted,
+        "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "environment": environment(options),
+        "config": {
+            **{
+                k: v
+                for k, v in asdict(options).items()
+                if k not in ("model", "dtype", "batch_invariant", "threads", "contracts")
+            },
+            "suites": list(options.suites),
+            "backends": list(options.backends),
+        },
+        "drafters": {
+            name: {"weights_source": d.weights_source, "options": d.options, "note": d.note}
+            for name, d in drafters.items()
+        },
+        "workloads": {
+            w.suite: {
+                "prompts": [
+                    {"id": p.id, "tokens": len(p.ids)}
+                    for p in dict.fromkeys(p for b in (*w.singles, *w.groups) for p in b.prompts)
+                ],
+                "skipped_long": w.skipped_long,
+            }
+            for w in workloads
+        },
+        "summaries": [s.as_dict() for s in summarize(records)],
+        "noise": round_noise(records),
+        "lossless": lossless.as_dict(),
+        "peer": {"status": "skipped", "reason": peer_reason}
+        if peer is None
+        else {**peer_section(records, peer.name), "info": peer_info or {}},
+        "contracts": contract,
+        "runs": [r.as_dict() for r in records],
+    }
+    report["targets"] = [t.as_dict() for t in evaluate_targets(report)]
+    return report
+
+
+def warm_up(
+    workloads: Sequence[Workload], runners: Sequence[Runner], stop_token_ids: tuple[int, ...], options: BenchOptions
+) -> None:
+    """One short untimed run per runner and batch size: the first forward of a shape pays one-time costs."""
+    spec = RunSpec(0.0, min(4, options.max_tokens), stop_token_ids, options.seed)
+    for size in options.batch_sizes:
+        first = next((w.batches(size)[0] for w in workloads if w.batches(size)), None)
+        if first is None:
+            continue
+        for runner in runners:
+            if runner.supports(first.size, spec):
+                runner.run(first, spec, -1)
+
+
+def contract_workload(workloads: Sequence[Workload]) -> Workload | None:
+    """The contract modes run on HumanEval's batch-1 prompts when it is benched, else the first suite's."""
+    with_singles = [w for w in workloads if w.singles]
+    return next((w for w in with_singles if w.suite == HEADLINE_SUITE), with_singles[0] if with_singles else None)
+
+
+def count_runs(workloads: Sequence[Workload], options: BenchOptions, with_peer: bool) -> int:
+    """How many runs ``run_bench`` will make (for the progress bar)."""
+    engines = 1 + len(options.backends)
+    total = 0
+    for w in workloads:
+        for size in options.batch_sizes:
+            for t in options.temperatures:
+                per = engines + (1 if with_peer and size == 1 and t == 0.0 else 0)
+                total += len(w.batches(size)) * options.repeats * per
+    home = contract_workload(workloads)
+    if options.modes_backend is not None and home is not None:
+        total += min(options.contract_prompts, len(home.singles)) * max(2, options.repeats) * len(MODES)
+    return total
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and the suites, start the peer, run, write; 0 on success, 1/2 on missing model / bad input."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from specdec.bench.peer import PeerUnavailable, TransformersPeer
+    from specdec.hub import ModelStore, ModelStoreError, UnknownModelError, load
+
+    console = Console(stderr=True)
+    try:
+        options = options_from_args(args)
+    except ValueError as exc:
+        print(f"specdec bench: {exc}", file=sys.stderr)
+        return 2
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    peer: TransformersPeer | None = None
+    peer_reason = "disabled (--no-peer)"
+    try:
+        if options.peer and 1 in options.batch_sizes and 0.0 in options.temperatures:
+            # Started first: it loads the GGUF (~30 s) while the target loads and the suites are tokenized.
+            gguf = ModelStore().source_gguf(options.model)
+            peer = TransformersPeer(gguf, dtype=options.dtype, threads=torch.get_num_threads())
+        elif options.peer:
+            peer_reason = "the peer runs batch 1 greedy only, and this run has none"
+        target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
+        target.batch_invariant = options.batch_invariant
+    except (ModelStoreError, UnknownModelError) as exc:
+        print(f"specdec bench: {exc} (pull it first: specdec models pull {options.model})", file=sys.stderr)
+        if peer is not None:
+            peer.close()
+        return 1
+    try:
+        workloads = [
+            build_workload(
+                suite,
+                tokenizer,
+                singles=options.singles if 1 in options.batch_sizes else 0,
+                group_size=options.group_size,
+                groups=options.groups if options.group_size in options.batch_sizes else 0,
+                max_prompt_tokens=options.max_prompt_tokens,
+            )
+            for suite in options.suites
+        ]
+        peer_info: dict[str, Any] | None = None
+        if peer is not None:
+            with console.status("waiting for transformers to load the GGUF (the peer)"):
+                try:
+                    peer_info = peer.wait_ready()
+                    console.print(f"transformers peer ready ({peer_info['load_s']:.0f} s to load)")
+                except PeerUnavailable as exc:
+                    peer_reason = str(exc)
+                    console.print(f"[yellow]transformers peer skipped: {exc}[/]")
+                    peer.close()
+                    peer = None
+        stop = tuple(tokenizer.stop_token_ids)
+        console.print(f"[bold]{options.command()}[/]")
+        columns = (
+            TextColumn("{task.description:<40}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("warming up (untimed)", total=count_runs(workloads, options, peer is not None))
+
+            def advance(record: RunRecord) -> None:
+                label = f"{record.batch_key} T={record.temperature:g} {record.runner}"
+                progress.update(task, advance=1, description=f"{label} {record.tokens_per_s:6.1f} tok/s")
+
+            report = run_bench(
+                target,
+                workloads,
+                stop,
+                options,
+                peer=peer,
+                peer_info=peer_info,
+                peer_reason=peer_reason,
+                on_run=advance,
+            )
+    except (ValueError, FileNotFoundError, ModelStoreError) as exc:  # bad options, missing weights or corpora
+        print(f"specdec bench: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if peer is not None:
+            peer.close()
+    out_dir = Path(args.out)
+    written = write_outputs(report, out_dir)
+    if args.write_docs is not None:
+        write_docs(report, out_dir, Path(args.write_docs))
+        written.append(Path(args.write_docs))
+    sys.stdout.write(render_markdown(report))
+    for name, drafter in report["drafters"].items():
+        if drafter["note"]:
+            console.print(f"[yellow]{name}: {drafter['note']}[/]")
+    if "plots_skipped" in report:
+        console.print(f"[yellow]no plots: {report['plots_skipped']}[/]")
+    console.print("wrote " + ", ".join(map(str, written)))
+    return 0

@@ -1,0 +1,241 @@
+"""``specdec bench``'s options: what shapes a run, its command line, and the command that reproduces it."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from specdec.bench.output import DOCS_PATH
+from specdec.bench.runner import PLAIN
+from specdec.bench.suites import SUITES
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Everything that shapes a bench run; ``command`` renders it back as the command line that reproduces it."""
+
+    model: str = DEFAULT_MODEL
+    suites: tuple[str, ...] = SUITES
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    k: int = 4
+    max_tokens: int = 64
+    singles: int = 4
+    group_size: int = 8
+    groups: int = 1
+    batch_sizes: tuple[int, ...] = (1, 8)
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    repeats: int = 2
+    max_prompt_tokens: int = 512
+    dtype: str = "float32"
+    batch_invariant: bool = False
+    threads: int | None = None
+    weights: str = "auto"
+    contracts: str = "off"
+    contract_backend: str | None = None
+    contract_prompts: int = 2
+    peer: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.suites if s not in SUITES]
+        if bad:
+            raise ValueError(f"unknown suite(s) {bad}; known: {', '.join(SUITES)}")
+        if not self.suites:
+            raise ValueError("no suite given")
+        if PLAIN in self.backends:
+            raise ValueError(f"{PLAIN!r} always runs as the baseline; list only backends in --backends")
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"a backend is listed twice: {list(self.backends)}")
+        sizes_ok = all(b == 1 or b == self.group_size for b in self.batch_sizes)
+        if not self.batch_sizes or not sizes_ok:
+            raise ValueError(f"--batch-sizes may hold 1 and the group size {self.group_size}, got {self.batch_sizes}")
+        checks = {
+            "k": self.k >= 1,
+            "max_tokens": self.max_tokens >= 1,
+            "repeats": self.repeats >= 1,
+            "singles": self.singles >= (1 if 1 in self.batch_sizes else 0),
+            "groups": self.groups >= (1 if self.group_size in self.batch_sizes and self.group_size != 1 else 0),
+            "contract_prompts": self.contract_prompts >= 0,
+            "threads": self.threads is None or self.threads >= 1,
+            "temperatures": bool(self.temperatures) and all(t >= 0 for t in self.temperatures),
+        }
+        wrong = [name for name, ok in checks.items() if not ok]
+        if wrong:
+            raise ValueError(f"invalid bench options: {', '.join(wrong)} ({self})")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.weights not in ("auto", "trained", "random"):
+            raise ValueError(f"--weights must be auto, trained or random, got {self.weights!r}")
+        if self.contract_backend is not None and self.contract_backend not in self.backends:
+            raise ValueError(f"--contract-backend {self.contract_backend!r} is not among --backends {self.backends}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float32 if self.dtype == "float32" else torch.bfloat16
+
+    @property
+    def modes_backend(self) -> str | None:
+        """Whose runs the contract modes are timed on: the one asked for, else DSpark if it runs, else the first."""
+        if self.contract_backend is not None:
+            return self.contract_backend
+        if not self.backends:
+            return None
+        return "dspark" if "dspark" in self.backends else self.backends[0]
+
+    def command(self) -> str:
+        args = [
+            "specdec",
+            "bench",
+            "--model",
+            self.model,
+            "--suites",
+            ",".join(self.suites),
+            "--backends",
+            ",".join(self.backends) or "none",
+            "-k",
+            str(self.k),
+            "--max-tokens",
+            str(self.max_tokens),
+            "--singles",
+            str(self.singles),
+            "--group-size",
+            str(self.group_size),
+            "--groups",
+            str(self.groups),
+            "--batch-sizes",
+            ",".join(map(str, self.batch_sizes)),
+            "--temperatures",
+            ",".join(f"{t:g}" for t in self.temperatures),
+            "--repeats",
+            str(self.repeats),
+            "--max-prompt-tokens",
+            str(self.max_prompt_tokens),
+            "--dtype",
+            self.dtype,
+            "--weights",
+            self.weights,
+            "--contracts",
+            self.contracts,
+            "--contract-prompts",
+            str(self.contract_prompts),
+            "--seed",
+            str(self.seed),
+        ]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        if self.contract_backend is not None:
+            args += ["--contract-backend", self.contract_backend]
+        if not self.peer:
+            args.append("--no-peer")
+        if self.batch_invariant:
+            args.append("--batch-invariant")
+        return shlex.join(args)
+
+
+QUICK: dict[str, Any] = {
+    "max_tokens": 8,
+    "singles": 1,
+    "group_size": 2,
+    "groups": 1,
+    "batch_sizes": (1, 2),
+    "repeats": 1,
+    "contract_prompts": 1,
+}
+"""``--quick``: every code path once, in seconds per backend; figures are not meaningful."""
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the target, from `specdec models list` (must be pulled)")
+    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated prompt suites (default all)")
+    p.add_argument(
+        "--backends",
+        default=",".join(DEFAULT_BACKENDS),
+        help="comma-separated backends to compare with plain decoding ('none': plain only)",
+    )
+    p.add_argument("--num-spec-tokens", "-k", type=int, default=4, help="draft tokens per step, every backend")
+    p.add_argument("--max-tokens", type=int, help="new tokens per prompt at most (default 64; --quick 8)")
+    p.add_argument("--singles", type=int, help="prompts per suite run alone, batch 1 (default 4; --quick 1)")
+    p.add_argument("--group-size", type=int, help="the larger batch size (default 8; --quick 2)")
+    p.add_argument("--groups", type=int, help="batches of --group-size per suite (default 1)")
+    p.add_argument("--batch-sizes", help="comma-separated: 1 and/or the group size (default both)")
+    p.add_argument("--temperatures", help="comma-separated sampling temperatures (default 0,1; 0 is greedy)")
+    p.add_argument("--repeats", type=int, help="interleaved rounds per batch (default 2; --quick 1)")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="longer prompts are skipped, not cut")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bf16: a request's logits do not depend on its batch (slower; Transformer.batch_invariant)",
+    )
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument(
+        "--weights",
+        choices=["auto", "trained", "random"],
+        default="auto",
+        help="drafter weights: the shipped trained ones (auto: if shipped, else random with a warning)",
+    )
+    p.add_argument("--contracts", choices=["off", "shapes", "full"], default="off", help="contract mode for timing")
+    p.add_argument("--contract-backend", help="backend whose runs time the contract modes (default dspark)")
+    p.add_argument("--contract-prompts", type=int, help="HumanEval prompts for the contract modes (default 2)")
+    p.add_argument(
+        "--peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time transformers generate (batch 1, greedy) in a subprocess",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, every code path once (figures meaningless)")
+    p.add_argument("--out", default="bench-results", help="output folder: bench.json, bench.md, *.png")
+    p.add_argument(
+        "--write-docs",
+        nargs="?",
+        const=DOCS_PATH,
+        metavar="PATH",
+        help=f"also refresh the generated section of {DOCS_PATH} (or PATH) and copy the plots beside it",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    base = replace(BenchOptions(), **QUICK) if args.quick else BenchOptions()
+    given: dict[str, Any] = {
+        "model": args.model,
+        "suites": _csv(args.suites),
+        "backends": () if args.backends.strip() == "none" else _csv(args.backends),
+        "k": args.num_spec_tokens,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "dtype": args.dtype,
+        "batch_invariant": args.batch_invariant,
+        "threads": args.threads,
+        "weights": args.weights,
+        "contracts": args.contracts,
+        "contract_backend": args.contract_backend,
+        "peer": args.peer,
+        "seed": args.seed,
+    }
+    for name in ("max_tokens", "singles", "group_size", "groups", "repeats", "contract_prompts"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
+    try:
+        if args.batch_sizes is not None:
+            given["batch_sizes"] = tuple(int(v) for v in _csv(args.batch_sizes))
+        elif "group_size" in given:
+            given["batch_sizes"] = (1, given["group_size"])
+        if args.temperatures is not None:
+            given["temperatures"] = tuple(float(v) for v in _csv(args.temperatures))
+    except ValueError as exc:
+        raise ValueError(f"--batch-sizes and --temperatures take comma-separated numbers: {exc}") from None
+    return replace(base, **given)  # values checked by BenchOptions.__post_init__

@@ -1,0 +1,193 @@
+"""``specdec bench-phases``: where a decoding step's time goes, per runner, on a real model.
+
+``specdec bench`` says how fast each backend is; this says why. Every engine
+step's wall time is split into the target's forward (a decode row for plain
+decoding, K + 1 verify rows for a backend), the drafter's proposal and the
+rest of the engine (scheduling, verification, bookkeeping). Rounds alternate
+the runner order like the bench. The break-even tau of a backend is its step
+time over plain decoding's: a drafter below it makes decoding slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PLAIN = "plain"
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds per phase over one run of a runner on every prompt."""
+
+    steps: int = 0
+    wall: float = 0.0
+    target: float = 0.0
+    propose: float = 0.0
+    tokens: int = 0
+    verify_steps: int = 0
+    emitted_in_verify: int = 0
+
+    @property
+    def rest(self) -> float:
+        return self.wall - self.target - self.propose
+
+
+@dataclass
+class RunnerPhases:
+    name: str
+    rounds: list[PhaseTimes] = field(default_factory=list)
+
+    def per_step_ms(self, attr: str) -> float:
+        return statistics.median(1000 * getattr(r, attr) / r.steps for r in self.rounds)
+
+    @property
+    def tau(self) -> float:
+        r = self.rounds[0]
+        return r.emitted_in_verify / r.verify_steps if r.verify_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(r.tokens / r.wall for r in self.rounds)
+
+
+def timed(fn: Callable[..., Any], times: PhaseTimes, attr: str) -> Callable[..., Any]:
+    """``fn`` that adds its wall time to ``times.<attr>``."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(times, attr, getattr(times, attr) + time.perf_counter() - start)
+
+    return wrapper
+
+
+def run_phases(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    make_speculator: Callable[[], Any],
+    *,
+    max_tokens: int,
+    stop_token_ids: Sequence[int],
+) -> PhaseTimes:
+    """Greedy decoding of each prompt alone (batch 1), prefill included, with the phases timed."""
+    from specdec.bench.runner import batch_engine
+    from specdec.sampling import SamplingParams
+
+    times = PhaseTimes()
+    own = "forward" in vars(target)
+    forward = target.forward
+    target.forward = timed(forward, times, "target")
+    try:
+        for prompt in prompts:
+            speculator = make_speculator()
+            if speculator is not None:
+                speculator.propose = timed(speculator.propose, times, "propose")
+            engine = batch_engine(target, [len(prompt)], max_tokens, speculator, seed=0)
+            engine.add_request(
+                "0",
+                list(prompt),
+                params=SamplingParams(temperature=0.0),
+                max_tokens=max_tokens,
+                stop_token_ids=stop_token_ids,
+            )
+            with torch.inference_mode():
+                start = time.perf_counter()
+                while engine.has_work:
+                    engine.step()
+                times.wall += time.perf_counter() - start
+            times.steps += engine.metrics.steps
+            times.tokens += len(engine.requests["0"].output)
+            times.verify_steps += engine.metrics.verify_steps
+            times.emitted_in_verify += engine.metrics.tokens_emitted_in_verify
+    finally:
+        if own:
+            target.forward = forward
+        else:
+            del target.forward  # the class's forward again
+    return times
+
+
+def report(runners: Sequence[RunnerPhases]) -> str:
+    """A markdown table: ms per step by phase, tau, tokens/s, and the step cost relative to plain (break-even tau)."""
+    plain = next(r for r in runners if r.name == PLAIN)
+    base = plain.per_step_ms("wall")
+    lines = [
+        "| runner | ms per step | target forward | proposal | engine rest | tau | tokens/s | break-even tau |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in runners:
+        wall = r.per_step_ms("wall")
+        tau = "-" if r.name == PLAIN else f"{r.tau:.2f}"
+        even = "-" if r.name == PLAIN else f"{wall / base:.2f}"
+        propose = "-" if r.name == PLAIN else f"{r.per_step_ms('propose'):.1f}"
+        lines.append(
+            f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {propose} | {r.per_step_ms('rest'):.1f} "
+            f"| {tau} | {r.tokens_per_s:.1f} | {even} |"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--backends", default="eagle,dflash,dspark", help="comma-separated; plain is always run")
+    p.add_argument("--suite", default="humaneval")
+    p.add_argument("--prompts", type=int, default=4, help="the suite's first bench prompts, each alone")
+    p.add_argument("-k", "--num-spec-tokens", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="rounds, runner order reversed every other round")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
+
+
+def run(args: argparse.Namespace) -> int:
+    import contracts
+    from specdec.backend_registry import create, names_option
+    from specdec.bench.suites import corpus_prompts, encode
+    from specdec.hub import load
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    contracts.set_mode("off")
+    target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
+    prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
+    names = [PLAIN, *[b for b in args.backends.split(",") if b]]
+
+    def factory(name: str) -> Callable[[], Any]:
+        if name == PLAIN:
+            return lambda: None
+        options: dict[str, Any] = {"num_spec_tokens": args.num_spec_tokens}
+        if names_option(name, "pretrained"):
+            options["pretrained"] = args.model
+        if args.full_vocab:
+            options["full_vocab"] = True
+        return lambda: create(name, target, **options)
+
+    runners = {n: RunnerPhases(n) for n in names}
+    for i in range(args.rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            runners[name].rounds.append(
+                run_phases(
+                    target,
+                    prompts,
+                    factory(name),
+                    max_tokens=args.max_tokens,
+                    stop_token_ids=tokenizer.stop_token_ids,
+                )
+            )
+    print(
+        f"{args.model} in {args.dtype}, {torch.get_num_threads()} thread(s), {args.suite} x {len(prompts)} prompts "
+        f"alone, greedy, K = {args.num_spec_tokens}, {args.max_tokens} tokens at most; medians of {args.rounds} "
+        "rounds; break-even tau = step time / plain step time"
+    )
+    print(report([runners[n] for n in names]))
+    return 0

@@ -1,0 +1,1 @@
+"""The ``specdec`` command line: argument parsing (``main``) and the commands that print for a person."""

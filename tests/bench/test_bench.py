@@ -1,0 +1,390 @@
+"""``specdec bench``: interleaving, speedup pairing, the losslessness check, contract modes and the report.
+
+Everything but one check runs on a random tiny target (seconds); the figures
+are meaningless there, the bookkeeping is not: outputs must match plain decoding token for
+token, ratios must pair runs of the same round, the report must hold every
+section and render. The one real-model check (skipped when SmolLM2 is not
+pulled) makes sure the logit gap a mismatch is judged by comes from the target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from real_models import PulledModel, smollm2  # noqa: F401  (fixture)
+
+import contracts
+import contracts.enforcement
+from specdec import engine as engine_module
+from specdec.bench.contract_modes import CheckTimer, contract_mode
+from specdec.bench.driver import count_runs, run_bench
+from specdec.bench.lossless import (
+    TopTwo,
+    check_lossless,
+    first_difference,
+    relative_tie_tolerance_for,
+    tie_tolerance_for,
+    top_two,
+)
+from specdec.bench.options import BenchOptions
+from specdec.bench.output import DOCS_BEGIN, DOCS_END, write_docs
+from specdec.bench.report import render_markdown, round_noise
+from specdec.bench.runner import PLAIN, EngineRunner, RunRecord, RunSpec, interleave, pair_ratios
+from specdec.bench.suites import Batch, BenchPrompt, Workload, build_workload
+from specdec.cli.main import main
+from specdec.nn.config import ModelConfig
+from specdec.nn.transformer import Transformer
+
+# -- pieces ----------------------------------------------------------------------------------------------------
+
+
+def record(runner: str, repeat: int, outputs: list[list[int]], wall: float, batch: str = "s/b1/0") -> RunRecord:
+    return RunRecord(
+        runner=runner,
+        suite="s",
+        batch_size=1 if "/b1/" in batch else 8,
+        batch_key=batch,
+        temperature=0.0,
+        repeat=repeat,
+        prompt_ids=[f"p{i}" for i in range(len(outputs))],
+        outputs=outputs,
+        wall_s=wall,
+    )
+
+
+@dataclass
+class FakeRunner:
+    """Records the order it was called in; a fixed wall time per run."""
+
+    name: str
+    wall: float
+    calls: list[tuple[str, int, str]]
+
+    def supports(self, batch_size: int, spec: RunSpec) -> bool:
+        return self.name != "peer" or batch_size == 1
+
+    def run(self, batch: Batch, spec: RunSpec, repeat: int) -> RunRecord:
+        self.calls.append((batch.key, repeat, self.name))
+        return record(self.name, repeat, [[1, 2, 3, 4]] * len(batch.prompts), self.wall, batch.key)
+
+
+def batches(n: int, size: int = 1) -> tuple[Batch, ...]:
+    return tuple(Batch("s", size, i, tuple(BenchPrompt(f"p{i}.{j}", (1, 2)) for j in range(size))) for i in range(n))
+
+
+def test_interleave_alternates_the_order_and_skips_unsupported_runners() -> None:
+    calls: list[tuple[str, int, str]] = []
+    runners = [FakeRunner(name, 1.0, calls) for name in (PLAIN, "a", "b", "peer")]
+    spec = RunSpec(0.0, 4, ())
+    interleave(batches(2), runners, spec, repeats=2)
+    rounds = [[name for key, rep, name in calls if (key, rep) == (b.key, r)] for b in batches(2) for r in range(2)]
+    assert rounds == [
+        [PLAIN, "a", "b", "peer"],
+        ["peer", "b", "a", PLAIN],
+        ["peer", "b", "a", PLAIN],
+        [PLAIN, "a", "b", "peer"],
+    ]
+    calls.clear()
+    interleave(batches(1, size=8), runners, spec, repeats=1)
+    assert [name for _, _, name in calls] == [PLAIN, "a", "b"], "the peer runs batch 1 only"
+    with pytest.raises(ValueError, match="repeats"):
+        interleave(batches(1), runners, spec, repeats=0)
+
+
+def test_pair_ratios_compare_runs_of_the_same_round_only() -> None:
+    records = [
+        record(PLAIN, 0, [[1] * 10], 1.0),
+        record("spec", 0, [[1] * 10], 0.5),  # 2x in round 0
+        record(PLAIN, 1, [[1] * 10], 4.0),  # a slow round: both sides slowed
+        record("spec", 1, [[1] * 10], 1.0),  # 4x in round 1
+        record("spec", 2, [[1] * 10], 0.1),  # no plain run in round 2: no sample
+    ]
+    assert sorted(pair_ratios(records)["spec"]) == [2.0, 4.0]
+    assert round_noise(records) == pytest.approx(3.0), "plain ran at 10 and 2.5 tokens/s on the same batch"
+    assert round_noise(records[:2]) is None, "one round: no noise figure"
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_lossless_check_reports_the_first_difference_and_whether_a_tie_explains_it() -> None:
+    prompt = {"p0": (7, 8), "p1": (9,)}
+    records = [
+        record(PLAIN, 0, [[1, 2, 3], [4, 5, 6]], 1.0),
+        record("tied", 0, [[1, 2, 9], [4, 5, 6]], 1.0),
+        record("buggy", 0, [[1, 2, 3], [4, 0, 6]], 1.0),
+    ]
+    seen: list[tuple[int, ...]] = []
+
+    def gap(ids: Sequence[int]) -> TopTwo:
+        seen.append(tuple(ids))
+        return TopTwo(3, 9, 0.0) if tuple(ids) == (7, 8, 1, 2) else TopTwo(5, 0, 3.5)
+
+    report = check_lossless(records, prompt, gap, tie_tolerance=1e-3)
+    assert report.compared == {"tied": 2, "buggy": 2}
+    assert report.identical == {"tied": 1, "buggy": 1}
+    by_runner = {m.runner: m for m in report.mismatches}
+    assert (by_runner["tied"].position, by_runner["tied"].expected, by_runner["tied"].got) == (2, 3, 9)
+    assert by_runner["tied"].verdict == "exact tie"
+    assert by_runner["buggy"].position == 1 and by_runner["buggy"].verdict.startswith("NOT a tie")
+    assert (9, 4) in seen, "the gap is taken after the prompt and the agreed prefix"
+    assert not report.lossless
+    only_tie = check_lossless(records[:2], prompt, gap, tie_tolerance=1e-3)
+    assert only_tie.lossless and len(only_tie.mismatches) == 1
+
+
+def test_a_bf16_tie_scales_with_the_logit() -> None:
+    """0.25 apart at a logit of 24 is two bf16 rounding steps (noise); at a logit of 4 it is sixteen (a bug)."""
+    prompt = {"p0": (7,)}
+    records = [record(PLAIN, 0, [[1, 2]], 1.0), record("spec", 0, [[1, 3]], 1.0)]
+    bf16 = {
+        "tie_tolerance": tie_tolerance_for(torch.bfloat16),
+        "relative_tolerance": relative_tie_tolerance_for(torch.bfloat16),
+    }
+    high = check_lossless(records, prompt, lambda ids: TopTwo(2, 3, 0.25, 24.0), **bf16)
+    assert high.mismatches[0].verdict.startswith("near tie") and high.lossless
+    low = check_lossless(records, prompt, lambda ids: TopTwo(2, 3, 0.25, 4.0), **bf16)
+    assert low.mismatches[0].verdict.startswith("NOT a tie") and not low.lossless
+    fp32 = check_lossless(
+        records, prompt, lambda ids: TopTwo(2, 3, 0.25, 24.0), tie_tolerance=tie_tolerance_for(torch.float32)
+    )
+    assert fp32.mismatches[0].verdict.startswith("NOT a tie")
+
+
+def test_lossless_check_compares_plain_alone_with_plain_in_a_batch() -> None:
+    alone = [record(PLAIN, 0, [[1, 2]], 1.0, "s/b1/0"), record(PLAIN, 0, [[3, 4]], 1.0, "s/b1/1")]
+    for i, r in enumerate(alone):
+        r.prompt_ids = [f"p{i}"]
+    batched = record(PLAIN, 0, [[1, 2], [3, 5]], 1.0, "s/b8/0")
+    report = check_lossless([*alone, batched], {}, lambda ids: None, tie_tolerance=1e-3)
+    assert report.batching == {"compared": 2, "identical": 1}
+    assert [(m.prompt, m.position, m.verdict) for m in report.batching_mismatches] == [
+        ("p1", 1, "unexplained: no logits")
+    ]
+
+
+def test_build_workload_skips_long_prompts_and_fails_when_too_few_remain() -> None:
+    @dataclass(frozen=True)
+    class P:
+        id: str
+        text: str
+        chat: bool
+
+    class Tok:
+        def encode(self, text: str) -> list[int]:
+            return [len(w) for w in text.split()]
+
+        def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+            return [99, *self.encode(messages[0]["content"]), 98]
+
+    prompts = [P("humaneval/a", "x y", True), P("humaneval/b", "x " * 50, False), P("humaneval/c", "z", False)]
+    w = build_workload("humaneval", Tok(), singles=2, group_size=2, max_prompt_tokens=10, source=lambda _: prompts)
+    assert [b.prompts[0].ids for b in w.singles] == [(99, 1, 1, 98), (1,)]
+    assert w.skipped_long == 1 and [p.id for p in w.groups[0].prompts] == ["humaneval/a", "humaneval/c"]
+    with pytest.raises(ValueError, match="only 2 prompts"):
+        build_workload("humaneval", Tok(), singles=3, max_prompt_tokens=10, source=lambda _: prompts)
+    with pytest.raises(ValueError, match="unknown suite"):
+        build_workload("gsm8k", Tok(), singles=1)
+
+
+# -- contract modes --------------------------------------------------------------------------------------------
+
+
+def test_contract_mode_none_removes_the_entry_points_and_restores_them() -> None:
+    check, proposal = contracts.enforcement.check, engine_module.check_proposal
+    with contract_mode("none"):
+        assert contracts.check is not check and engine_module.check_proposal is not proposal
+        assert contracts.current_mode() is contracts.Mode.OFF
+    assert contracts.check is check and engine_module.check_proposal is proposal
+    timer = CheckTimer()
+    with contract_mode("shapes", timer):
+        assert contracts.current_mode() is contracts.Mode.SHAPES
+        assert engine_module.check_proposal is not proposal, "timed while the block runs"
+    assert engine_module.check_proposal is proposal
+    with pytest.raises(ValueError, match="unknown contract mode"), contract_mode("strict"):
+        pass
+
+
+# -- the whole bench on a tiny target --------------------------------------------------------------------------
+
+
+def tiny() -> tuple[Transformer, Workload]:
+    config = ModelConfig.tiny(num_layers=2, hidden_size=32, intermediate_size=64, head_dim=8)
+    prompts = [BenchPrompt(f"humaneval/p{i}", tuple(3 + (5 * i + j) % 40 for j in range(6))) for i in range(2)]
+    workload = Workload(
+        "humaneval",
+        tuple(Batch("humaneval", 1, i, (p,)) for i, p in enumerate(prompts)),
+        (Batch("humaneval", 2, 0, tuple(prompts)),),
+        0,
+    )
+    return Transformer(config, seed=0), workload
+
+
+@pytest.fixture(scope="module")
+def tiny_report() -> dict[str, object]:
+    target, workload = tiny()
+    options = BenchOptions(
+        suites=("humaneval",),
+        max_tokens=5,
+        singles=2,
+        group_size=2,
+        batch_sizes=(1, 2),
+        temperatures=(0.0, 1.0),
+        repeats=1,
+        weights="random",
+        contract_prompts=1,
+        peer=False,
+    )
+    seen: list[RunRecord] = []
+    with contracts.enforce("off"):
+        report = run_bench(target, [workload], (), options, on_run=seen.append)
+    assert len(seen) == count_runs([workload], options, with_peer=False)
+    return report
+
+
+def test_tiny_bench_is_lossless_and_summarizes_every_runner(tiny_report: dict[str, object]) -> None:
+    report = json.loads(json.dumps(tiny_report))  # JSON-ready throughout
+    lossless = report["lossless"]
+    assert lossless["lossless"] and not lossless["mismatches"]
+    assert lossless["compared"] == {"eagle": 4, "dflash": 4, "dspark": 4}, "2 prompts alone + a batch of 2, greedy"
+    runners = {(s["batch_size"], s["temperature"], s["runner"]) for s in report["summaries"]}
+    assert runners == {(b, t, r) for b in (1, 2) for t in (0.0, 1.0) for r in (PLAIN, "eagle", "dflash", "dspark")}
+    for s in report["summaries"]:
+        if s["runner"] == PLAIN:
+            assert s["tau"] is None and s["speedup"] is None
+        else:
+            assert 1.0 <= s["tau"] <= 5.0 and s["speedup"]["n"] >= 1
+            assert len(s["acceptance_by_position"]) == 4
+    for run in report["runs"]:
+        assert all(len(o) <= 5 for o in run["outputs"])
+        if run["runner"] != PLAIN and run["runner"] in ("eagle", "dflash", "dspark"):
+            # every token after a request's first comes from a verify step, and tau counts exactly those
+            assert run["emitted_in_verify"] == run["tokens"] - len(run["outputs"])
+    assert {d["weights_source"] for d in report["drafters"].values()} == {"random"}
+    modes = report["contracts"]["modes"]
+    assert set(modes) == {"none", "off", "shapes", "full"} and report["contracts"]["same_output_in_every_mode"]
+    assert modes["shapes"]["check_calls"] > 0 and 0 < modes["shapes"]["check_fraction"] < 1
+    assert modes["none"]["check_fraction"] is None
+    assert report["peer"]["status"] == "skipped"
+    names = [t["name"] for t in report["targets"]]
+    assert "best backend >= 2.0x plain" in names and "dspark tau > dflash tau > eagle tau" in names
+
+
+def test_report_renders_and_writes_plots_and_docs(tiny_report: dict[str, object], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from specdec.bench.output import write_outputs
+
+    report = json.loads(json.dumps(tiny_report))
+    written = write_outputs(report, tmp_path / "out")
+    assert {p.name for p in written} == {"bench.json", "bench.md", "speedup.png", "acceptance.png"}
+    for png in ("speedup.png", "acceptance.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert md.startswith(f"Command: `{report['command']}`")
+    assert "| 1 | 0 | eagle |" in md and "### Losslessness" in md and "![speedup.png](./speedup.png)" in md
+    assert render_markdown(json.loads((tmp_path / "out" / "bench.json").read_text())) == md
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Bench\nkept\n{DOCS_BEGIN}\nstale figures\n{DOCS_END}\ntail\n")
+    write_docs(report, tmp_path / "out", doc)
+    text = doc.read_text()
+    assert text.startswith("# Bench\nkept\n") and text.endswith(f"{DOCS_END}\ntail\n") and "stale figures" not in text
+    assert "![speedup.png](benchmarks/speedup.png)" in text and (tmp_path / "benchmarks" / "speedup.png").is_file()
+    with pytest.raises(ValueError, match="no generated section"):
+        write_docs(report, tmp_path / "out", tmp_path / "out" / "bench.md")
+
+
+# -- the command line ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backends", "plain"], "always runs as the baseline"),
+        (["--suites", "gsm8k"], "unknown suite"),
+        (["--batch-sizes", "1,4"], "--batch-sizes may hold 1 and the group size"),
+        (["--temperatures", "hot"], "comma-separated numbers"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--contract-backend", "medusa"], "is not among --backends"),
+    ],
+)
+def test_cli_rejects_bad_options_before_loading_anything(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_options_render_the_command_that_reproduces_them() -> None:
+    import argparse
+
+    from specdec.bench.options import add_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    quick = options_from_args(parser.parse_args(["--quick", "--backends", "eagle", "--no-peer"]))
+    assert (quick.max_tokens, quick.batch_sizes, quick.backends, quick.peer) == (8, (1, 2), ("eagle",), False)
+    again = options_from_args(parser.parse_args(quick.command().split()[2:]))
+    assert again == quick
+    exact = options_from_args(parser.parse_args(["--quick", "--dtype", "bfloat16", "--batch-invariant"]))
+    assert exact.batch_invariant and "--batch-invariant" in exact.command()
+    assert options_from_args(parser.parse_args(exact.command().split()[2:])) == exact
+
+
+def test_peer_reports_a_load_failure_instead_of_hanging(tmp_path: Path) -> None:
+    """The child answers with an error line (transformers missing, or a file it cannot read); the parent raises."""
+    from specdec.bench.peer import PeerUnavailable, TransformersPeer
+
+    peer = TransformersPeer(tmp_path / "missing.gguf", dtype="float32", threads=1)
+    try:
+        with pytest.raises(PeerUnavailable, match=r"transformers (could not load|is not installed)"):
+            peer.wait_ready()
+    finally:
+        peer.close()
+
+
+def test_top_two_agrees_with_plain_greedy_decoding_on_the_real_model(smollm2: PulledModel) -> None:  # noqa: F811
+    """The gap a mismatch is judged by comes from the same target: its top-1 is the token plain decoding chose."""
+    prompt = tuple(smollm2.tokenizer.encode_chat([{"role": "user", "content": "Name a prime number."}]))
+    batch = Batch("mtbench", 1, 0, (BenchPrompt("mtbench/p", prompt),))
+    out = EngineRunner(PLAIN, smollm2.model).run(batch, RunSpec(0.0, 3, ()), 0).outputs[0]
+    assert len(out) == 3
+    for i, token in enumerate(out):
+        top = top_two(smollm2.model, [*prompt, *out[:i]])
+        assert top.top1 == token and top.top2 != token and top.gap >= 0.0
+
+
+def test_an_interrupted_bench_reports_the_runs_that_finished() -> None:
+    target, workload = tiny()
+    options = BenchOptions(
+        suites=("humaneval",),
+        backends=("eagle",),
+        max_tokens=3,
+        group_size=2,
+        batch_sizes=(1, 2),
+        singles=2,
+        repeats=2,
+        peer=False,
+        weights="random",  # a tiny target: the shipped SmolLM2 drafters do not fit it
+    )
+    seen: list[RunRecord] = []
+
+    def interrupt_after_five(record: RunRecord) -> None:
+        seen.append(record)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with contracts.enforce("off"):
+        report = run_bench(target, [workload], (), options, on_run=interrupt_after_five)
+    assert report["interrupted"] and len(report["runs"]) == 5
+    assert report["contracts"] == {"status": "skipped", "reason": "interrupted"}
+    assert "**Interrupted**" in render_markdown(report)
+    eagle = [s for s in report["summaries"] if s["runner"] == "eagle"]
+    assert eagle[0]["speedup"]["n"] == 2, "rounds 0 and 1 of the first prompt paired; the cut round pairs nothing"
