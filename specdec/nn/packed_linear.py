@@ -21,7 +21,8 @@ concatenated matrix, one call instead of three. The packed copy is cached and
 rebuilt when any source weight is replaced or modified in place (its storage
 pointer or ``_version`` changes), and is never pickled or deep-copied. Calls
 that need autograd (an input or weight requiring grad with grad enabled), and
-non-CPU or unsupported inputs, take plain ``F.linear``.
+non-CPU or unsupported inputs (bf16 on a CPU without oneDNN's bf16 matmul), take
+plain ``F.linear``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,18 @@ def mkldnn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def mkldnn_bf16_available() -> bool:
+    """Whether this CPU runs oneDNN's bf16 matmul (AVX512-BF16, AVX-NE-CONVERT or AVX512BW/VL/DQ; AMX is faster).
+
+    On an AVX2-only CPU the bf16 reorder raises, so bf16 linears stay on plain
+    ``F.linear`` there, and the bit-level guarantees that rest on the packed
+    kernel (row invariance, ``Transformer.batch_invariant``) are not available.
+    """
+    return mkldnn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 _MKLDNN = mkldnn_available()
+_MKLDNN_BF16 = mkldnn_bf16_available()
 
 
 class PackedLinear:
@@ -95,7 +107,8 @@ class PackedLinear:
 
     @staticmethod
     def applies(x: Tensor, weights: Sequence[Tensor]) -> bool:
-        """The packed path: CPU, oneDNN, 2-D input, one dtype, no autograd, and bf16 or a small fp32 batch."""
+        """The packed path: CPU, oneDNN, 2-D input, one dtype, no autograd, and bf16 (where the CPU has oneDNN's
+        bf16 matmul) or a small fp32 batch."""
         if not _MKLDNN or x.dim() != 2 or x.device.type != "cpu" or x.shape[0] == 0:
             return False
         dtype = x.dtype
@@ -104,7 +117,7 @@ class PackedLinear:
                 return False
             if sum(w.numel() for w in weights) < FP32_PACKED_MIN_WEIGHT:
                 return False
-        elif dtype != torch.bfloat16:
+        elif dtype != torch.bfloat16 or not _MKLDNN_BF16:
             return False
         if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
             return False

@@ -30,7 +30,7 @@ from specdec.nn.config import ModelConfig
 from specdec.nn.indexer import SparseIndexer
 from specdec.nn.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
 from specdec.nn.moe import MoEMLP
-from specdec.nn.packed_linear import ROW_INVARIANT_ROWS, PackedLinear
+from specdec.nn.packed_linear import ROW_INVARIANT_ROWS, PackedLinear, mkldnn_bf16_available
 
 
 @dataclass(frozen=True, eq=False)
@@ -294,6 +294,11 @@ class Transformer(nn.Module):
 
     @batch_invariant.setter
     def batch_invariant(self, on: bool) -> None:
+        if on and self.dtype == torch.bfloat16 and not mkldnn_bf16_available():
+            raise ValueError(
+                "batch_invariant needs oneDNN's packed bf16 matmul (a CPU with AVX512-BF16, AVX-NE-CONVERT or "
+                "AVX512BW/VL/DQ); this CPU has none, so a bf16 request's bits would still depend on its batch"
+            )
         self._batch_invariant = on
         for module in self.modules():
             for value in vars(module).values():

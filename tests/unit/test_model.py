@@ -28,7 +28,13 @@ from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn import IndexerConfig, ModelConfig, ModelOutput, MoEConfig, Transformer, paged_attention
 from specdec.nn.layers import stream_seed
-from specdec.nn.packed_linear import FP32_PACKED_ROWS, ROW_INVARIANT_ROWS, PackedLinear, mkldnn_available
+from specdec.nn.packed_linear import (
+    FP32_PACKED_ROWS,
+    ROW_INVARIANT_ROWS,
+    PackedLinear,
+    mkldnn_available,
+    mkldnn_bf16_available,
+)
 
 ATOL = 1e-4
 
@@ -564,6 +570,10 @@ def test_unequal_rows_without_dp_padding_fail_in_the_collective() -> None:
 # -- packed linears and bf16 --------------------------------------------------------------------------
 
 needs_onednn = pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN")
+needs_onednn_bf16 = pytest.mark.skipif(
+    not mkldnn_bf16_available(),
+    reason="this CPU has no oneDNN bf16 matmul (AVX512-BF16, AVX-NE-CONVERT or AVX512BW/VL/DQ): bf16 stays on F.linear",
+)
 
 
 @needs_onednn
@@ -573,9 +583,10 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
     x = torch.randn(rows, 256, generator=g)
     weights = [torch.randn(out, 256, generator=g) for out in (192, 64, 64)]
     packed = PackedLinear()
-    # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count
+    # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count; plain F.linear on a CPU
+    # without oneDNN's bf16 matmul (its reorder raises there)
     xb, wb = x.bfloat16(), [w.bfloat16() for w in weights]
-    assert PackedLinear.applies(xb, wb)
+    assert PackedLinear.applies(xb, wb) == mkldnn_bf16_available()
     for got, want in zip(packed.run(xb, wb), (F.linear(xb, w) for w in wb), strict=True):
         assert torch.equal(got, want)
     # fp32: packed (summation order differs) only for verify-sized batches; 1-3 rows and prefills stay exact
@@ -639,6 +650,7 @@ def test_bf16_model_paged_steps_match_its_dense_forward_and_logits_are_float32()
     assert torch.isfinite(verify).all()
 
 
+@needs_onednn_bf16
 def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit() -> None:
     """What makes bf16 speculative decoding reproduce plain greedy: no logit tie can break differently."""
     bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
@@ -676,6 +688,7 @@ def step_logits(model: Transformer, batched: bool) -> dict[str, list[torch.Tenso
     return out
 
 
+@needs_onednn_bf16
 def test_batch_invariant_bf16_requests_get_the_same_logits_in_a_batch_as_alone() -> None:
     """Prefill, decode and verify rows of a request equal, bit for bit, the same steps run alone.
 
@@ -691,6 +704,7 @@ def test_batch_invariant_bf16_requests_get_the_same_logits_in_a_batch_as_alone()
             assert torch.equal(got, want), f"request {rid}, step {i}"
 
 
+@needs_onednn_bf16
 def test_batch_invariant_speculative_greedy_in_a_batch_equals_plain_greedy_alone() -> None:
     """End to end through the engine, verify rows included (the logits test above is the one that fails without it)."""
     from specdec.backend_registry import create
@@ -716,7 +730,17 @@ def test_batch_invariant_speculative_greedy_in_a_batch_equals_plain_greedy_alone
     assert greedy(prompts, speculate=False) == alone
 
 
-@needs_onednn
+@pytest.mark.skipif(mkldnn_bf16_available(), reason="this CPU has oneDNN's bf16 matmul")
+def test_batch_invariant_is_refused_where_the_cpu_cannot_keep_it() -> None:
+    """Without the packed bf16 kernel the guarantee cannot hold, so asking for it is an error, not a silent no-op."""
+    model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="batch_invariant needs oneDNN's packed bf16 matmul"):
+        model.batch_invariant = True
+    assert not model.batch_invariant
+    Transformer(CONFIG, seed=0).batch_invariant = True  # fp32 takes the flag (it chunks nothing it cannot keep)
+
+
+@needs_onednn_bf16
 def test_row_chunked_packed_bf16_rows_equal_the_rows_computed_alone() -> None:
     """What ``batch_invariant`` relies on: chunks of at most 32 rows give every row its one-row bits."""
     g = torch.Generator().manual_seed(0)
