@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from specdec.metrics import SpeculationCounters
+
 PLAIN = "plain"
 
 
@@ -31,8 +33,7 @@ class PhaseTimes:
     target: float = 0.0
     propose: float = 0.0
     tokens: int = 0
-    verify_steps: int = 0
-    emitted_in_verify: int = 0
+    speculation: SpeculationCounters = field(default_factory=SpeculationCounters)
 
     @property
     def rest(self) -> float:
@@ -49,8 +50,7 @@ class RunnerPhases:
 
     @property
     def tau(self) -> float:
-        r = self.rounds[0]
-        return r.emitted_in_verify / r.verify_steps if r.verify_steps else 0.0
+        return self.rounds[0].speculation.acceptance_length
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,8 +106,7 @@ def run_phases(
                 times.wall += time.perf_counter() - start
             times.steps += engine.metrics.steps
             times.tokens += len(engine.requests["0"].output)
-            times.verify_steps += engine.metrics.verify_steps
-            times.emitted_in_verify += engine.metrics.tokens_emitted_in_verify
+            times.speculation.add(engine.metrics)
     finally:
         if own:
             target.forward = forward
