@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     import contracts
     from specdec.backend_registry import create, names_option
     from specdec.bench.suites import corpus_prompts, encode
+    from specdec.cli.lists import comma_list
     from specdec.hub import load
 
     if args.threads is not None:
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
-    names = [PLAIN, *[b for b in args.backends.split(",") if b]]
+    names = [PLAIN, *comma_list(args.backends)]
 
     def factory(name: str) -> Callable[[], Any]:
         if name == PLAIN:
