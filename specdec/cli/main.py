@@ -41,11 +41,11 @@ def _print_table() -> None:
 
     invs = list(all_invariants())
     table = Table(title=f"specdec contract catalog ({len(invs)} invariants)", show_lines=False)
-    for column in ("ID", "tag", "statement", "step kinds", "wired"):
+    for column in ("ID", "tag", "statement", "step kinds"):
         table.add_column(column, overflow="fold")
     for inv in invs:
         kinds = ", ".join(sorted(k.value for k in inv.step_kinds))
-        table.add_row(inv.id, inv.tag.value, inv.statement, kinds, "yes" if inv.wired else "not yet")
+        table.add_row(inv.id, inv.tag.value, inv.statement, kinds)
     Console(width=160).print(table)
 
 
