@@ -21,7 +21,9 @@ concatenated matrix, one call instead of three. The packed copy is cached and
 rebuilt when any source weight is replaced or modified in place (its storage
 pointer or ``_version`` changes), and is never pickled or deep-copied. Calls
 that need autograd (an input or weight requiring grad with grad enabled), and
-non-CPU or unsupported inputs, take plain ``F.linear``.
+non-CPU or unsupported inputs, take plain ``F.linear``; so does bf16 on a CPU
+whose oneDNN has no bf16 matmul (no AVX-512 or AMX), which also loses the row
+invariance below.
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ def mkldnn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def mkldnn_bf16_available() -> bool:
+    """Whether oneDNN runs bf16 matmuls on this CPU (AVX-512 or AMX class); packing a bf16 weight fails without."""
+    return mkldnn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 _MKLDNN = mkldnn_available()
+_MKLDNN_BF16 = mkldnn_bf16_available()
 
 
 class PackedLinear:
@@ -104,7 +112,7 @@ class PackedLinear:
                 return False
             if sum(w.numel() for w in weights) < FP32_PACKED_MIN_WEIGHT:
                 return False
-        elif dtype != torch.bfloat16:
+        elif dtype != torch.bfloat16 or not _MKLDNN_BF16:
             return False
         if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
             return False

@@ -28,7 +28,13 @@ from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn import IndexerConfig, ModelConfig, ModelOutput, MoEConfig, Transformer, paged_attention
 from specdec.nn.layers import stream_seed
-from specdec.nn.packed_linear import FP32_PACKED_ROWS, ROW_INVARIANT_ROWS, PackedLinear, mkldnn_available
+from specdec.nn.packed_linear import (
+    FP32_PACKED_ROWS,
+    ROW_INVARIANT_ROWS,
+    PackedLinear,
+    mkldnn_available,
+    mkldnn_bf16_available,
+)
 
 ATOL = 1e-4
 
@@ -573,9 +579,10 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
     x = torch.randn(rows, 256, generator=g)
     weights = [torch.randn(out, 256, generator=g) for out in (192, 64, 64)]
     packed = PackedLinear()
-    # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count
+    # bf16: the same oneDNN kernel as F.linear, so the same bits, at any row count; F.linear itself where this
+    # CPU's oneDNN has no bf16 matmul (packing would raise)
     xb, wb = x.bfloat16(), [w.bfloat16() for w in weights]
-    assert PackedLinear.applies(xb, wb)
+    assert PackedLinear.applies(xb, wb) == mkldnn_bf16_available()
     for got, want in zip(packed.run(xb, wb), (F.linear(xb, w) for w in wb), strict=True):
         assert torch.equal(got, want)
     # fp32: packed (summation order differs) only for verify-sized batches; 1-3 rows and prefills stay exact
