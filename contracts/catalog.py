@@ -32,20 +32,13 @@ def render_markdown() -> str:
     lines += [f"- **[{tag}]** {meaning}" for tag, meaning in _TAG_MEANING.items()]
     lines += [
         "",
-        '"Wired" says whether the runtime already checks the invariant at a step boundary;',
-        "an unwired one is registered and tested by direct triggering, and is wired by the",
-        "component that produces its subject.",
-        "",
-        "| ID | tag | statement | step kinds | backends | wired | likely cause when broken |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| ID | tag | statement | step kinds | backends | likely cause when broken |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for inv in invs:
         backends = ", ".join(sorted(inv.backends)) if inv.backends else "all"
         cause = inv.likely_cause or ""
-        lines.append(
-            f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {backends} | "
-            f"{'yes' if inv.wired else 'not yet'} | {cause} |"
-        )
+        lines.append(f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {backends} | {cause} |")
     lines += [
         "",
         "## By step kind",
@@ -68,5 +61,5 @@ def render_text() -> str:
     out = [f"specdec contract catalog: {len(invs)} invariants", ""]
     for inv in invs:
         out.append(f"{inv.id:<7} [{inv.tag.value}] {inv.statement}")
-        out.append(f"        steps: {_kinds(inv)}" + ("" if inv.wired else "  (registered, not wired yet)"))
+        out.append(f"        steps: {_kinds(inv)}")
     return "\n".join(out) + "\n"

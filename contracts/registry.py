@@ -110,7 +110,6 @@ class Invariant:
     check: CheckFn
     backends: frozenset[str] | None = None
     likely_cause: str | None = None
-    wired: bool = True
     family: str = field(default="")
 
     def applies_to(self, step_kind: StepKind, backend: str | None) -> bool:
@@ -132,7 +131,6 @@ def invariant(
     step_kinds: set[StepKind] | frozenset[StepKind],
     backends: set[str] | None = None,
     likely_cause: str | None = None,
-    wired: bool = True,
 ) -> Callable[[CheckFn], CheckFn]:
     """Register ``check`` under ``id``; the catalog is generated from these entries."""
 
@@ -148,7 +146,6 @@ def invariant(
             check=check,
             backends=frozenset(backends) if backends is not None else None,
             likely_cause=likely_cause,
-            wired=wired,
             family=id.split("-")[0],
         )
         _INDEX.clear()

@@ -6,7 +6,7 @@ once on the target device, with host mirrors of ``query_start_loc`` and
 (instead of copying a CPU tensor) also works for fake ``cuda`` tensors on a
 CPU-only build, so the whole builder runs shape-only in CI.
 
-Padding layout (DESIGN §3): ``num_reqs_padded = desc.num_reqs or num_reqs``
+Padding layout (``docs/concepts.md``): ``num_reqs_padded = desc.num_reqs or num_reqs``
 request rows, padded rows empty (``query_start_loc`` repeats the real token
 total, ``seq_lens`` 0); ``desc.num_tokens`` slot rows, ``PAD_SLOT_ID`` past the
 real tokens.

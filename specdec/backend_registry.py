@@ -29,6 +29,7 @@ __all__ = [
     "create",
     "factory_for",
     "load_factory",
+    "names_option",
     "register",
     "unregister",
 ]
@@ -185,15 +186,18 @@ def factory_for(name: str) -> Factory:
     return build
 
 
-def names_option(name: str, option: str) -> bool:
-    """Whether backend ``name``'s factory names ``option`` as a parameter (a bare ``**options`` does not count).
+def names_option(backend: str | Factory, option: str) -> bool:
+    """Whether a backend's factory names ``option`` as a parameter (a bare ``**options`` does not count).
 
-    Callers pass optional extras such as ``pretrained`` only to factories that
-    say they take them, so a strict factory never sees an unknown keyword and a
-    factory that does take one still fails loudly on a bad value.
+    ``backend`` is a backend name, a ``"module:attr"`` spec or a factory. Callers
+    pass optional extras such as ``pretrained`` (or run DSpark's ``capacity``
+    family) only for factories that say they take them, so a strict factory never
+    sees an unknown keyword and a factory that does take one still fails loudly on
+    a bad value.
     """
+    factory = factory_for(backend) if isinstance(backend, str) else backend
     try:
-        params = inspect.signature(factory_for(name)).parameters
+        params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return False
     param = params.get(option)

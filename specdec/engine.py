@@ -21,6 +21,7 @@ from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.kv_cache import KVCacheManager
+from specdec.metrics import RunMetrics
 from specdec.nn.transformer import Transformer
 from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
@@ -36,53 +37,6 @@ class EngineConfig:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
-
-
-@dataclass
-class RunMetrics:
-    """Totals over a run; tau is output tokens per verification of a request.
-
-    A verify that accepted drafts past a stop token or ``max_tokens`` counts only
-    the tokens that reached the output; ``accepted``/``drafted`` (and the rates by
-    position) stay the verifier's, a measure of the drafter.
-    """
-
-    steps: int = 0
-    tokens_emitted: int = 0
-    tokens_scheduled: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-    drafted_by_position: list[int] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        return self.tokens_emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
-
-    tokens_emitted_in_verify: int = 0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.tokens_emitted / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_rate_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)]
-
-    def add_request(self, req: Request) -> None:
-        m = req.metrics
-        self.drafted += m.drafted
-        self.accepted += m.accepted
-        self.verify_steps += m.verify_steps
-        self.tokens_emitted_in_verify += m.emitted_in_verify
-        for k, (a, d) in enumerate(zip(m.accepted_by_position, m.drafted_by_position, strict=True)):
-            while len(self.drafted_by_position) <= k:
-                self.drafted_by_position.append(0)
-                self.accepted_by_position.append(0)
-            self.drafted_by_position[k] += d
-            self.accepted_by_position[k] += a
 
 
 @dataclass(frozen=True)

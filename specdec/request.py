@@ -1,4 +1,4 @@
-"""A generation request and its per-request metrics."""
+"""A generation request: what was asked, how far it got, and its speculation metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 
 
@@ -22,37 +23,6 @@ class FinishReason(enum.Enum):
     MAX_TOKENS = "max_tokens"
     STOP_TOKEN = "stop_token"
     MAX_MODEL_LEN = "max_model_len"
-
-
-@dataclass
-class RequestMetrics:
-    """Speculation statistics of one request; acceptance length tau = emitted per verify step."""
-
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    emitted_in_verify: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-    drafted_by_position: list[int] = field(default_factory=list)
-    preemptions: int = 0
-
-    def record(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
-        self.verify_steps += 1
-        self.drafted += num_drafted
-        self.accepted += num_accepted
-        self.emitted_in_verify += num_emitted
-        for k in range(num_drafted):
-            while len(self.drafted_by_position) <= k:
-                self.drafted_by_position.append(0)
-                self.accepted_by_position.append(0)
-            self.drafted_by_position[k] += 1
-            if k < num_accepted:
-                self.accepted_by_position[k] += 1
-
-    @property
-    def acceptance_length(self) -> float:
-        """Mean tokens emitted per verify step (tau)."""
-        return self.emitted_in_verify / self.verify_steps if self.verify_steps else 0.0
 
 
 @dataclass(eq=False)

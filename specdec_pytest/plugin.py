@@ -35,19 +35,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--specdec-seed", type=int, default=0, help="seed of the generated configurations")
 
 
-def _split(value: str | None) -> list[str] | None:
-    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
-
-
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those select conformance items too
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     backends: list[str] = config.getoption("specdec_backend")
     if not backends:
         return
+    from specdec.cli.lists import comma_list
     from specdec.testing.conformance import FAMILIES, TENSOR_MODES
 
-    families = _split(config.getoption("specdec_families")) or list(FAMILIES)
-    modes = _split(config.getoption("specdec_tensor_modes")) or list(TENSOR_MODES)
+    families = comma_list(config.getoption("specdec_families")) or list(FAMILIES)
+    modes = comma_list(config.getoption("specdec_tensor_modes")) or list(TENSOR_MODES)
     bad = [f for f in families if f not in FAMILIES] + [m for m in modes if m not in TENSOR_MODES]
     if bad:
         raise pytest.UsageError(

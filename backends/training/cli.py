@@ -316,13 +316,14 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 def cmd_tau(args: argparse.Namespace) -> int:
     import contracts
     from backends.training.evaluate import measure_tau
+    from specdec.cli.lists import comma_list
     from specdec.corpora import prompt_suite
     from specdec.hub import load
 
     contracts.set_mode("off")
     target, tokenizer = load(args.model)
     result: dict[str, Any] = {"backend": args.backend, "weights": args.weights, "full_vocab": args.full_vocab}
-    for suite in args.suites.split(","):
+    for suite in comma_list(args.suites):
         prompts = prompt_suite(suite)[: args.prompts]
         ids = [
             tokenizer.encode_chat([{"role": "user", "content": p.text}]) if p.chat else tokenizer.encode(p.text)

@@ -28,7 +28,6 @@ def _q(facts: BatchFacts) -> int:
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
-    wired=True,
 )
 def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     q, n = _q(facts), facts.num_spec_tokens
@@ -46,7 +45,6 @@ def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
-    wired=True,
 )
 def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, q = facts.desc, _q(facts)
@@ -70,7 +68,6 @@ def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause=DP_PAD_LEAK,
-    wired=True,
 )
 def blk_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, meta, q = facts.desc, facts.meta, _q(facts)
@@ -97,7 +94,6 @@ def blk_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="padded requests were given queries (they must be zero-length)",
-    wired=True,
 )
 def blk_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     meta, q = facts.meta, _q(facts)
@@ -119,7 +115,6 @@ def blk_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="the block was placed at the last verified position instead of after it (off by one)",
-    wired=True,
 )
 def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     if facts.base_positions is None or facts.max_model_len is None:
@@ -147,7 +142,6 @@ def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="rejected or padded rows would write into the draft KV cache",
-    wired=True,
 )
 def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     slots = reader.device(facts.meta.slot_mapping)
@@ -173,7 +167,6 @@ def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.PROPOSAL,
     step_kinds=BLOCK,
     likely_cause="padded requests were sampled, or sample indices were computed for a DP-padded layout",
-    wired=True,
 )
 def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     idx_t = facts.sample_indices
@@ -196,7 +189,6 @@ def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     step_kinds=BLOCK,
     backends={"dspark"},
     likely_cause="Markov chain seeded with the wrong token, or capacity selection produced a non-prefix mask",
-    wired=True,
 )
 def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     n = facts.num_spec_tokens

@@ -179,7 +179,6 @@ def tgt_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
     subject=Subject.VERIFIER,
     step_kinds={StepKind.VERIFY},
     likely_cause="logits were gathered for padded requests, or a request proposed more drafts than K",
-    wired=True,
 )
 def tgt_6(facts: VerifierFacts, _: ValueReader) -> Observed | None:
     drafts = list(facts.num_draft_tokens)

@@ -22,7 +22,6 @@ PROPOSAL_ATOL = 1e-5
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the bonus token was dropped, or unused slots were left uninitialised",
-    wired=True,
 )
 def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     out = facts.verifier_output
@@ -49,7 +48,6 @@ def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="draft slots past num_draft_r were compared with the target instead of being masked",
-    wired=True,
 )
 def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     out = facts.verifier_output
@@ -72,7 +70,6 @@ def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the backbone distribution was passed instead of the corrected (e.g. Markov) one the drafts came from",
-    wired=True,
 )
 def ver_3(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     """[S] both present with one shape over the target's vocabulary; [D] equal values on every drafted slot."""

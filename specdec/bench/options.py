@@ -12,6 +12,7 @@ import torch
 from specdec.bench.output import DOCS_PATH
 from specdec.bench.runner import PLAIN
 from specdec.bench.suites import SUITES
+from specdec.cli.lists import comma_list
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
@@ -154,10 +155,6 @@ QUICK: dict[str, Any] = {
 # -- the command line --------------------------------------------------------------------------------------------
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="the target, from `specdec models list` (must be pulled)")
     p.add_argument("--suites", default=",".join(SUITES), help="comma-separated prompt suites (default all)")
@@ -213,8 +210,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     base = replace(BenchOptions(), **QUICK) if args.quick else BenchOptions()
     given: dict[str, Any] = {
         "model": args.model,
-        "suites": _csv(args.suites),
-        "backends": () if args.backends.strip() == "none" else _csv(args.backends),
+        "suites": tuple(comma_list(args.suites)),
+        "backends": () if args.backends.strip() == "none" else tuple(comma_list(args.backends)),
         "k": args.num_spec_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "dtype": args.dtype,
@@ -231,11 +228,11 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
             given[name] = getattr(args, name)
     try:
         if args.batch_sizes is not None:
-            given["batch_sizes"] = tuple(int(v) for v in _csv(args.batch_sizes))
+            given["batch_sizes"] = tuple(int(v) for v in comma_list(args.batch_sizes))
         elif "group_size" in given:
             given["batch_sizes"] = (1, given["group_size"])
         if args.temperatures is not None:
-            given["temperatures"] = tuple(float(v) for v in _csv(args.temperatures))
+            given["temperatures"] = tuple(float(v) for v in comma_list(args.temperatures))
     except ValueError as exc:
         raise ValueError(f"--batch-sizes and --temperatures take comma-separated numbers: {exc}") from None
     return replace(base, **given)  # values checked by BenchOptions.__post_init__

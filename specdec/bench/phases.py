@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from specdec.metrics import SpeculationCounters
+
 PLAIN = "plain"
 
 
@@ -31,8 +33,7 @@ class PhaseTimes:
     target: float = 0.0
     propose: float = 0.0
     tokens: int = 0
-    verify_steps: int = 0
-    emitted_in_verify: int = 0
+    speculation: SpeculationCounters = field(default_factory=SpeculationCounters)
 
     @property
     def rest(self) -> float:
@@ -49,8 +50,7 @@ class RunnerPhases:
 
     @property
     def tau(self) -> float:
-        r = self.rounds[0]
-        return r.emitted_in_verify / r.verify_steps if r.verify_steps else 0.0
+        return self.rounds[0].speculation.acceptance_length
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,8 +106,7 @@ def run_phases(
                 times.wall += time.perf_counter() - start
             times.steps += engine.metrics.steps
             times.tokens += len(engine.requests["0"].output)
-            times.verify_steps += engine.metrics.verify_steps
-            times.emitted_in_verify += engine.metrics.tokens_emitted_in_verify
+            times.speculation.add(engine.metrics)
     finally:
         if own:
             target.forward = forward
@@ -153,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     import contracts
     from specdec.backend_registry import create, names_option
     from specdec.bench.suites import corpus_prompts, encode
+    from specdec.cli.lists import comma_list
     from specdec.hub import load
 
     if args.threads is not None:
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
-    names = [PLAIN, *[b for b in args.backends.split(",") if b]]
+    names = [PLAIN, *comma_list(args.backends)]
 
     def factory(name: str) -> Callable[[], Any]:
         if name == PLAIN:

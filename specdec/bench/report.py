@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from specdec.bench.runner import PLAIN, RunRecord, pair_ratios
+from specdec.metrics import SpeculationCounters
 
 HEADLINE_SUITE = "humaneval"
 
@@ -69,10 +70,9 @@ def summarize(records: Iterable[RunRecord], baseline: str = PLAIN) -> list[Summa
     for (suite, size, temp, runner), rs in groups.items():
         tokens = sum(r.tokens for r in rs)
         wall = sum(r.wall_s for r in rs)
-        verify = sum(r.verify_steps for r in rs)
-        width = max((len(r.drafted_by_position) for r in rs), default=0)
-        drafted = [sum(r.drafted_by_position[k] for r in rs if k < len(r.drafted_by_position)) for k in range(width)]
-        accepted = [sum(r.accepted_by_position[k] for r in rs if k < len(r.accepted_by_position)) for k in range(width)]
+        speculation = SpeculationCounters()
+        for r in rs:
+            speculation.add(r.speculation)
         out.append(
             Summary(
                 suite=suite,
@@ -83,8 +83,8 @@ def summarize(records: Iterable[RunRecord], baseline: str = PLAIN) -> list[Summa
                 tokens=tokens,
                 wall_s=wall,
                 tokens_per_s=tokens / wall if wall > 0 else 0.0,
-                tau=sum(r.emitted_in_verify for r in rs) / verify if verify else None,
-                acceptance_by_position=[a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)],
+                tau=speculation.acceptance_length if speculation.verify_steps else None,
+                acceptance_by_position=speculation.acceptance_rate_by_position,
                 speedup=Spread.of(ratios[(suite, size, temp)].get(runner, [])),
             )
         )

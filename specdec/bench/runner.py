@@ -19,6 +19,7 @@ import torch
 
 from specdec.bench.suites import Batch
 from specdec.engine import Engine, EngineConfig
+from specdec.metrics import SpeculationCounters
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
@@ -61,12 +62,7 @@ class RunRecord:
     outputs: list[list[int]]
     wall_s: float
     steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    emitted_in_verify: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-    drafted_by_position: list[int] = field(default_factory=list)
+    speculation: SpeculationCounters = field(default_factory=SpeculationCounters)
 
     @property
     def tokens(self) -> int:
@@ -94,12 +90,7 @@ class RunRecord:
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
             "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "verify_steps": self.verify_steps,
-            "emitted_in_verify": self.emitted_in_verify,
-            "accepted_by_position": self.accepted_by_position,
-            "drafted_by_position": self.drafted_by_position,
+            **self.speculation.counts(),
             "outputs": self.outputs,
         }
 
@@ -177,12 +168,7 @@ class EngineRunner:
             outputs=[list(engine.requests[str(i)].output) for i in range(len(batch.prompts))],
             wall_s=wall,
             steps=m.steps,
-            drafted=m.drafted,
-            accepted=m.accepted,
-            verify_steps=m.verify_steps,
-            emitted_in_verify=m.tokens_emitted_in_verify,
-            accepted_by_position=list(m.accepted_by_position),
-            drafted_by_position=list(m.drafted_by_position),
+            speculation=m.snapshot(),
         )
 
 

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from specdec.cli.lists import comma_list
+
 
 def _contracts(args: argparse.Namespace) -> int:
     from contracts.catalog import render_markdown, render_text
@@ -39,11 +41,11 @@ def _print_table() -> None:
 
     invs = list(all_invariants())
     table = Table(title=f"specdec contract catalog ({len(invs)} invariants)", show_lines=False)
-    for column in ("ID", "tag", "statement", "step kinds", "wired"):
+    for column in ("ID", "tag", "statement", "step kinds"):
         table.add_column(column, overflow="fold")
     for inv in invs:
         kinds = ", ".join(sorted(k.value for k in inv.step_kinds))
-        table.add_row(inv.id, inv.tag.value, inv.statement, kinds, "yes" if inv.wired else "not yet")
+        table.add_row(inv.id, inv.tag.value, inv.statement, kinds)
     Console(width=160).print(table)
 
 
@@ -73,7 +75,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
         json_path=args.json,
         new_tokens=args.max_tokens,
         repeats=args.repeats,
-        dtypes=tuple(_csv(args.dtypes) or ("float32", "bfloat16")),
+        dtypes=tuple(comma_list(args.dtypes) or ("float32", "bfloat16")),
         threads=args.threads,
         reference=args.reference,
     )
@@ -114,19 +116,15 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _csv(value: str | None) -> list[str] | None:
-    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
-
-
 def _matrix(args: argparse.Namespace) -> int:
     _testing_kit()
     from specdec.testing.matrix import main as matrix_main
 
     return matrix_main(
         args.backend,
-        families=_csv(args.families),
+        families=comma_list(args.families),
         examples=args.examples,
-        tensor_modes=_csv(args.tensor_modes) or ["cpu", "fake-cuda", "cuda"],
+        tensor_modes=comma_list(args.tensor_modes) or ["cpu", "fake-cuda", "cuda"],
         seed=args.seed,
         json_path=args.json,
         junit_path=args.junit,
@@ -147,7 +145,7 @@ def _mutate(args: argparse.Namespace) -> int:
     from specdec.testing.mutation import DEFAULT_EXAMPLES
     from specdec.testing.mutation import main as mutate_main
 
-    return mutate_main(_csv(args.mutants), args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
+    return mutate_main(comma_list(args.mutants), args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:

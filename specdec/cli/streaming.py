@@ -118,11 +118,12 @@ def stream_request(
 def drafter_weights_are_random(speculator: Speculator | None, target: Transformer) -> bool:
     """Whether the drafter runs on its own freshly seeded weights rather than trained ones.
 
-    A backend may say so itself with a ``weights_source`` attribute (``"random"``
-    or anything else); otherwise a drafter that owns parameters beyond the
-    target's counts as random, because no backend loads trained weights yet.
-    A drafter without a network (n-gram lookup) or one drafting with the target
-    itself is not. Only the speculator's own attributes are inspected.
+    The built-in backends say so with a ``weights_source`` attribute (``"random"``,
+    or ``"trained:<path>"`` when they loaded a trained drafter, ``docs/drafters.md``).
+    A backend that does not say counts as random when it owns parameters beyond
+    the target's: nothing tells trained ones apart. A drafter without a network
+    (n-gram lookup) or one drafting with the target itself is not. Only the
+    speculator's own attributes are inspected.
     """
     if speculator is None:
         return False

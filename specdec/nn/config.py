@@ -105,10 +105,6 @@ class ModelConfig(BaseModel):
         return self
 
     @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def expert_intermediate_size(self) -> int:
         """Width of one MoE expert (the dense MLP width unless the MoE config overrides it)."""
         if self.moe is None or self.moe.intermediate_size is None:

@@ -1,6 +1,6 @@
 """The reference Llama-style transformer, run over the paged KV cache with ``AttentionMetadata``.
 
-Row counts follow DESIGN §3. The model runs ``input_ids.shape[0]`` rows (the
+Row counts follow the padding rules of ``docs/concepts.md``. The model runs ``input_ids.shape[0]`` rows (the
 descriptor's ``num_tokens``: real tokens plus CUDA-graph and DP padding); every
 row goes through the projections and the MLP (an MoE needs every rank's rows,
 pads included) and writes its K/V through ``meta.slot_mapping`` (padded rows

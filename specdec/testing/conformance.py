@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 import contracts
 from contracts import ContractViolation, CUDAGraphMode
+from specdec.backend_registry import names_option
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig
@@ -506,16 +507,6 @@ class ConformanceReport:
         }
 
 
-def supports_option(factory: Factory, option: str) -> bool:
-    """Whether the factory names ``option`` (DSpark's ``capacity``); ``**kwargs`` alone does not count."""
-    import inspect
-
-    try:
-        return option in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def run_family(
     factory: Factory,
     family: str,
@@ -535,7 +526,7 @@ def run_family(
     if tensor_mode == "cuda" and not torch.cuda.is_available():
         result.skipped = "no CUDA device"
         return result
-    if family == "capacity" and not supports_option(factory, "capacity"):
+    if family == "capacity" and not names_option(factory, "capacity"):
         result.skipped = "the backend takes no `capacity` option"
         return result
     if family == "capacity" and tensor_mode == "fake-cuda":

@@ -23,14 +23,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specdec.backend_registry import available_backends, factory_for
+from specdec.backend_registry import available_backends, factory_for, names_option
 from specdec.testing.conformance import (
     FAMILIES,
     TENSOR_MODES,
     ConformanceReport,
     FamilyResult,
     run_family,
-    supports_option,
 )
 from specdec.testing.dp_run import reference_cache, set_reference_cache
 
@@ -160,7 +159,7 @@ def _cells(factory: Any, families: Sequence[str], tensor_modes: Sequence[str]) -
         (family, mode)
         for mode in tensor_modes
         for family in families
-        if family != "capacity" or supports_option(factory, "capacity")
+        if family != "capacity" or names_option(factory, "capacity")
     ]
 
 

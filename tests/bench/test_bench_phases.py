@@ -6,6 +6,7 @@ import pytest
 
 from specdec.backend_registry import create
 from specdec.bench.phases import PhaseTimes, RunnerPhases, report, run_phases
+from specdec.metrics import SpeculationCounters
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
 
@@ -23,7 +24,7 @@ def test_phases_of_a_real_run_add_up_and_the_target_is_restored() -> None:
     assert "forward" not in vars(target)  # the timing wrapper is removed again
     assert plain.tokens == spec.tokens == 16
     assert plain.steps == 16 and plain.propose == 0.0  # one token per plain step, prefill included
-    assert 0 < spec.steps <= 16 and spec.verify_steps > 0
+    assert 0 < spec.steps <= 16 and spec.speculation.verify_steps > 0
     for t in (plain, spec):
         assert 0 < t.target < t.wall and t.rest > 0
     assert spec.propose > 0
@@ -33,7 +34,16 @@ def test_report_gives_the_break_even_tau() -> None:
     plain = RunnerPhases("plain", [PhaseTimes(steps=10, wall=0.2, target=0.15, tokens=10)])
     spec = RunnerPhases(
         "x",
-        [PhaseTimes(steps=5, wall=0.15, target=0.1, propose=0.03, tokens=10, verify_steps=5, emitted_in_verify=10)],
+        [
+            PhaseTimes(
+                steps=5,
+                wall=0.15,
+                target=0.1,
+                propose=0.03,
+                tokens=10,
+                speculation=SpeculationCounters(verify_steps=5, emitted_in_verify=10),
+            )
+        ],
     )
     table = report([plain, spec]).splitlines()
     assert table[2] == "| plain | 20.0 | 15.0 | - | 5.0 | - | 50.0 | - |"

@@ -23,7 +23,7 @@ from backends.autoregressive import AutoregressiveSpeculator
 from backends.dflash import DFlashSpeculator
 from backends.dspark import DSparkSpeculator
 from specdec import backend_registry
-from specdec.backend_registry import available_backends, create, load_factory, register, unregister
+from specdec.backend_registry import available_backends, create, factory_for, load_factory, register, unregister
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
@@ -295,6 +295,8 @@ def test_names_option_counts_only_named_parameters() -> None:
     register("mine", _factory)  # **options only: an unknown keyword may still be refused
     try:
         assert not names_option("mine", "pretrained")
-        assert names_option("dspark", "capacity")
+        assert not names_option(_factory, "pretrained")  # a factory, as the conformance kit passes it
+        assert names_option("dspark", "capacity") and names_option(factory_for("dspark"), "capacity")
+        assert not names_option(factory_for("eagle"), "capacity")
     finally:
         unregister("mine")
