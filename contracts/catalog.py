@@ -36,14 +36,13 @@ def render_markdown() -> str:
         "an unwired one is registered and tested by direct triggering, and is wired by the",
         "component that produces its subject.",
         "",
-        "| ID | tag | statement | step kinds | backends | wired | likely cause when broken |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| ID | tag | statement | step kinds | wired | likely cause when broken |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for inv in invs:
-        backends = ", ".join(sorted(inv.backends)) if inv.backends else "all"
         cause = inv.likely_cause or ""
         lines.append(
-            f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {backends} | "
+            f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | "
             f"{'yes' if inv.wired else 'not yet'} | {cause} |"
         )
     lines += [

@@ -25,6 +25,7 @@ from contracts import (
     AttentionMetadata,
     BatchExecutionDescriptor,
     BatchFacts,
+    BlockEvidence,
     StepKind,
 )
 from specdec.dp_group import DPGroup
@@ -85,6 +86,11 @@ class BlockStep:
         return out
 
 
+def no_block_ran(desc: BatchExecutionDescriptor, tokens: Int[Tensor, "num_reqs k"]) -> BlockEvidence:
+    """The evidence of a step where no rank drafted: the block sync's descriptor and no sampled rows."""
+    return BlockEvidence(desc=desc, num_drafting=0, sample_indices=tokens.new_zeros(0))
+
+
 class DFlashSpeculator(DraftCacheOwner):
     """K drafts per request from one bidirectional block forward over injected target context."""
 
@@ -131,7 +137,9 @@ class DFlashSpeculator(DraftCacheOwner):
         k, q = self.num_spec_tokens, self.query_width
         drafting, out, desc, tokens = self._block_forward(step, ctx)
         if out is None:
-            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+            return Proposal(
+                draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, evidence=no_block_ran(desc, tokens)
+            )
         m, device = len(drafting), tokens.device
         sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
         params = [step.params[r] for r in drafting]
@@ -148,7 +156,7 @@ class DFlashSpeculator(DraftCacheOwner):
             num_drafts=tuple(k if d else 0 for d in step.drafting),
             draft_probs=probs,
             sampled_from=probs,
-            extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
+            evidence=BlockEvidence(desc=desc, num_drafting=m, sample_indices=sample_rows),
         )
 
     def _block_forward(
