@@ -19,6 +19,7 @@ from torch import Tensor
 from backends.common import DraftCacheOwner
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
+from backends.draw import draw_drafts
 from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
@@ -33,7 +34,7 @@ from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import Transformer
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
 
 
@@ -299,8 +300,4 @@ class DFlashSpeculator(DraftCacheOwner):
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
         """Argmax for greedy requests (and ``argmax_drafts``), else a sample from the verifier's own transform."""
-        if self.argmax_drafts or all(p.greedy for p in params):
-            best = logits.argmax(-1)
-            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
-        probs = probabilities(logits, params)
-        return sample(probs, self.generator), probs
+        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from backends.dflash.network import DFlashNetwork
 from backends.dflash.speculator import DFlashSpeculator, no_block_ran
+from backends.draw import draw_drafts
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
 from contracts import (
@@ -29,7 +30,7 @@ from contracts import (
     ConfidenceEvidence,
     MarkovChainEvidence,
 )
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, Proposal, TargetStep
 
 CapacityMode = Literal["full", "threshold", "budget"]
@@ -170,11 +171,7 @@ class DSparkSpeculator(DFlashSpeculator):
     ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"]]:
         """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that."""
         logits = backbone.float() + self.heads.markov_bias(prev).float()
-        if all(p.greedy for p in params):
-            best = logits.argmax(-1)
-            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
-        probs = probabilities(logits, params)  # greedy rows come out one-hot, so sampling them is the argmax
-        return sample(probs, self.generator), probs
+        return draw_drafts(logits, params, self.generator)
 
     def _refit_cost(self, ctx: DraftContext) -> None:
         """Refit ``c0 + c1 · tokens`` to the measured steps every REFIT_EVERY new ones (needs two token counts)."""
