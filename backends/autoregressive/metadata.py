@@ -5,11 +5,12 @@ is kept there because the drafter's collectives need equal sizes), but the
 attention metadata has ``num_reqs_padded`` requests and ``num_reqs_padded``
 query rows: one per request, padded requests included under FULL, never the
 DP pad (AR-5). The multi-step decode rebuilds it every step; the fused decode
-builds it once and advances positions, ``seq_lens`` and slots in place.
+builds its buffers once and advances ``seq_lens`` and slots in them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -71,8 +72,14 @@ def advance_decode_metadata(
     positions: Sequence[int],
     kv: KVCacheManager,
     max_model_len: int,
-) -> None:
-    """The fused decode's in-place update between steps: new ``seq_lens`` and slots, same buffers."""
+) -> AttentionMetadata:
+    """The fused decode's step to the next positions: ``seq_lens`` and slots updated in the same buffers.
+
+    The tensors are written in place (what makes the decode fused: one set of
+    buffers for every step); the metadata itself stays frozen, so the step gets
+    a new ``AttentionMetadata`` over those buffers with its ``max_seq_len``,
+    which bounds kernels and therefore stays an upper bound.
+    """
     n = len(req_ids)
     seq = [min(p + 1, max_model_len) for p in positions]
     slots = [kv.slot_mapping(r, [p])[0] for r, p in zip(req_ids, positions, strict=True)]
@@ -81,8 +88,7 @@ def advance_decode_metadata(
         meta.slot_mapping[:n] = torch.tensor(slots, dtype=meta.slot_mapping.dtype)
         if meta.seq_lens_cpu is not None:
             meta.seq_lens_cpu[:n] = torch.tensor(seq, dtype=meta.seq_lens_cpu.dtype)
-    # max_seq_len is a plain int on a frozen dataclass; it bounds kernels, so keep it an upper bound.
-    object.__setattr__(meta, "max_seq_len", max([meta.max_seq_len, *seq]))
+    return dataclasses.replace(meta, max_seq_len=max([meta.max_seq_len, *seq]))
 
 
 def padded_rows(values: Sequence[int], rows: int, device: torch.device) -> Int[Tensor, " rows"]:

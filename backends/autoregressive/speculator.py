@@ -193,7 +193,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             if meta is None or not self.fused:
                 meta = build_decode_metadata(desc, req_ids, pos, kv, max_len, device)
             else:
-                advance_decode_metadata(meta, req_ids, pos, kv, max_len)
+                meta = advance_decode_metadata(meta, req_ids, pos, kv, max_len)
             facts = BatchFacts(
                 desc=desc,
                 num_reqs=m,
