@@ -17,8 +17,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from contracts import PAD_SLOT_ID, AttentionMetadata, BatchExecutionDescriptor
+from contracts import AttentionMetadata, BatchExecutionDescriptor
 from specdec import faults
+from specdec.attn_metadata import padded_request_fields, padded_slot_mapping
 from specdec.kv_cache import KVCacheManager
 
 FAULT = "ar_decode_attention_rows_from_desc"
@@ -41,28 +42,18 @@ def build_decode_metadata(
 ) -> AttentionMetadata:
     """Metadata for one decode step whose real requests sit at ``positions`` (already clamped)."""
     num_reqs = len(req_ids)
-    rows = desc.num_reqs_padded(num_reqs)
-    qsl = [min(i, num_reqs) for i in range(rows + 1)]
-    seq = [min(p + 1, max_model_len) for p in positions] + [0] * (rows - num_reqs)
-    tables = [kv.block_table(r) for r in req_ids]
-    width = max([1, *(len(t) for t in tables)])
-    block_table = [t + [0] * (width - len(t)) for t in tables] + [[0] * width] * (rows - num_reqs)
+    seq = [min(p + 1, max_model_len) for p in positions]
     slots = [kv.slot_mapping(r, [p])[0] for r, p in zip(req_ids, positions, strict=True)]
-    slots += [PAD_SLOT_ID] * (desc.num_tokens - num_reqs)
     return AttentionMetadata(
         num_reqs=num_reqs,
-        num_reqs_padded=rows,
         num_tokens=num_reqs,
         num_tokens_padded=decode_attention_rows(desc, num_reqs),
         max_query_len=1,
-        max_seq_len=max(seq, default=0),
         causal=True,
-        seq_lens=torch.tensor(seq, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        block_table=torch.tensor(block_table, dtype=torch.int32, device=device).reshape(rows, width),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
-        seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
+        slot_mapping=padded_slot_mapping(slots, desc.num_tokens, device),
+        **padded_request_fields(
+            [1] * num_reqs, seq, [kv.block_table(r) for r in req_ids], desc.num_reqs_padded(num_reqs), device
+        ),
     )
 
 
