@@ -7,6 +7,7 @@ invariant so that the catalog is complete.
 from contracts import invariants as _invariants  # noqa: F401  (registers the catalog)
 from contracts.descriptor import BatchExecutionDescriptor, CUDAGraphMode, DPSyncState
 from contracts.enforcement import ENV_VAR, Mode, check, current_mode, enforce, set_mode
+from contracts.evidence import BlockEvidence, CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
 from contracts.facts import BatchFacts, CacheFacts, DescriptorFacts, DPFacts, ProposalFacts, VerifierFacts
 from contracts.metadata import PAD_SLOT_ID, REJECTED_TOKEN_ID, AttentionMetadata, VerifierInput, VerifierOutput
 from contracts.registry import REGISTRY, Invariant, StepKind, Subject, Tag, all_invariants
@@ -20,13 +21,17 @@ __all__ = [
     "AttentionMetadata",
     "BatchExecutionDescriptor",
     "BatchFacts",
+    "BlockEvidence",
     "CUDAGraphMode",
     "CacheFacts",
+    "CapacityEvidence",
+    "ConfidenceEvidence",
     "ContractViolation",
     "DPFacts",
     "DPSyncState",
     "DescriptorFacts",
     "Invariant",
+    "MarkovChainEvidence",
     "Mode",
     "ProposalFacts",
     "StepKind",

@@ -32,13 +32,12 @@ def render_markdown() -> str:
     lines += [f"- **[{tag}]** {meaning}" for tag, meaning in _TAG_MEANING.items()]
     lines += [
         "",
-        "| ID | tag | statement | step kinds | backends | likely cause when broken |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| ID | tag | statement | step kinds | likely cause when broken |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for inv in invs:
-        backends = ", ".join(sorted(inv.backends)) if inv.backends else "all"
         cause = inv.likely_cause or ""
-        lines.append(f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {backends} | {cause} |")
+        lines.append(f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {cause} |")
     lines += [
         "",
         "## By step kind",

@@ -95,8 +95,6 @@ def check(
     for inv in invariants_for(subject, step_kind):
         if inv.tag.needs_full and not full:
             continue
-        if not inv.applies_to(step_kind, backend):
-            continue
         observed = inv.check(facts, reader)
         if observed is not None:
             cause = observed.pop("likely_cause", None)

@@ -14,6 +14,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from contracts.descriptor import BatchExecutionDescriptor, DPSyncState
+from contracts.evidence import CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
 from contracts.metadata import AttentionMetadata, VerifierInput, VerifierOutput
 
 
@@ -69,19 +70,22 @@ class BatchFacts:
 
 @dataclass(frozen=True, eq=False)
 class ProposalFacts:
-    """What a drafter returns for one step, before the verifier sees it."""
+    """What a drafter returns for one step, before the verifier sees it.
+
+    For a block drafter ``desc`` and ``num_reqs`` are its block step's
+    (``BlockEvidence``); the capability parts are set only when the drafter
+    reports them, and BLK-8 checks each one that is set.
+    """
 
     desc: BatchExecutionDescriptor
     num_reqs: int
     num_spec_tokens: int
     draft_token_ids: Int[Tensor, "rows num_spec_tokens"]
     sample_indices: Int[Tensor, " num_samples"] | None = None
-    anchor_token_ids: Int[Tensor, " num_reqs"] | None = None
-    markov_prev_token_ids: Int[Tensor, "num_reqs num_spec_tokens"] | None = None
-    draft_capacity: Int[Tensor, " num_reqs"] | None = None
-    draft_mask: Bool[Tensor, "num_reqs num_spec_tokens"] | None = None
-    survival: Float[Tensor, "num_reqs num_spec_tokens"] | None = None
-    draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
+    markov: MarkovChainEvidence | None = None
+    confidence: ConfidenceEvidence | None = None
+    capacity: CapacityEvidence | None = None
+    draft_probs: Float[Tensor, "prob_rows num_spec_tokens vocab"] | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -108,14 +108,8 @@ class Invariant:
     subject: Subject
     step_kinds: frozenset[StepKind]
     check: CheckFn
-    backends: frozenset[str] | None = None
     likely_cause: str | None = None
     family: str = field(default="")
-
-    def applies_to(self, step_kind: StepKind, backend: str | None) -> bool:
-        if step_kind not in self.step_kinds:
-            return False
-        return self.backends is None or backend is None or backend in self.backends
 
 
 REGISTRY: dict[str, Invariant] = {}
@@ -129,7 +123,6 @@ def invariant(
     tag: Tag,
     subject: Subject,
     step_kinds: set[StepKind] | frozenset[StepKind],
-    backends: set[str] | None = None,
     likely_cause: str | None = None,
 ) -> Callable[[CheckFn], CheckFn]:
     """Register ``check`` under ``id``; the catalog is generated from these entries."""
@@ -144,7 +137,6 @@ def invariant(
             subject=subject,
             step_kinds=frozenset(step_kinds),
             check=check,
-            backends=frozenset(backends) if backends is not None else None,
             likely_cause=likely_cause,
             family=id.split("-")[0],
         )

@@ -6,16 +6,20 @@ once on the target device, with host mirrors of ``query_start_loc`` and
 (instead of copying a CPU tensor) also works for fake ``cuda`` tensors on a
 CPU-only build, so the whole builder runs shape-only in CI.
 
-Padding layout (``docs/concepts.md``): ``num_reqs_padded = desc.num_reqs or num_reqs``
-request rows, padded rows empty (``query_start_loc`` repeats the real token
-total, ``seq_lens`` 0); ``desc.num_tokens`` slot rows, ``PAD_SLOT_ID`` past the
-real tokens.
+Padding layout (``docs/concepts.md``): ``num_reqs_padded = desc.num_reqs or num_reqs`` request rows,
+padded rows empty (``query_start_loc`` repeats the real token total,
+``seq_lens`` 0, block-table rows of block 0); ``desc.num_tokens`` slot rows,
+``PAD_SLOT_ID`` past the real tokens. The padding helpers below
+(``padded_request_fields``, ``padded_slot_mapping`` and the list functions they
+use) are the one implementation of that layout: the draft builders of the
+shipped backends use them, and a backend author may too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from jaxtyping import Int
@@ -112,38 +116,26 @@ def build_target_metadata(
     rows = desc.num_reqs_padded(num_reqs)
     _check_layout_fits(requests, desc, num_reqs, num_tokens, rows)
 
-    query_start_loc = [0]
-    for r in requests:
-        query_start_loc.append(query_start_loc[-1] + r.query_len)
-    query_start_loc.extend([num_tokens] * (rows - num_reqs))
-    seq_lens = [r.seq_len for r in requests] + [0] * (rows - num_reqs)
-
     tables = [kv.block_table(r.req_id) for r in requests]
-    width = max([1, *(len(t) for t in tables)]) if max_blocks is None else max_blocks
+    width = block_table_width(tables) if max_blocks is None else max_blocks
     too_wide = [(r.req_id, len(t)) for r, t in zip(requests, tables, strict=True) if len(t) > width]
     if too_wide:
         raise ValueError(f"max_blocks={width} is narrower than the block tables of {too_wide}")
-    block_table = [t + [0] * (width - len(t)) for t in tables] + [[0] * width] * (rows - num_reqs)
 
     slot_mapping: list[int] = []
     for r in requests:
         slot_mapping.extend(kv.slot_mapping(r.req_id, range(r.num_computed_tokens, r.seq_len)))
-    slot_mapping.extend([PAD_SLOT_ID] * (desc.num_tokens - num_tokens))
 
     meta = AttentionMetadata(
         num_reqs=num_reqs,
-        num_reqs_padded=rows,
         num_tokens=num_tokens,
         num_tokens_padded=desc.num_tokens if desc.cg_mode is CUDAGraphMode.FULL else num_tokens,
         max_query_len=max((r.query_len for r in requests), default=0),
-        max_seq_len=max(seq_lens, default=0),
         causal=True,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
-        block_table=torch.tensor(block_table, dtype=torch.int32, device=device).reshape(rows, width),
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-        query_start_loc_cpu=torch.tensor(query_start_loc, dtype=torch.int32),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
+        slot_mapping=padded_slot_mapping(slot_mapping, desc.num_tokens, device),
+        **padded_request_fields(
+            [r.query_len for r in requests], [r.seq_len for r in requests], tables, rows, device, width=width
+        ),
     )
     if current_mode() is not Mode.OFF:
         # The builder owns neither input_ids nor positions; shape-only stand-ins let TGT-1 pass on what it was not given.
@@ -157,6 +149,81 @@ def build_target_metadata(
             kv.block_size,
         )
     return meta
+
+
+class PaddedRequestFields(TypedDict):
+    """The per-request fields of ``AttentionMetadata``, padded to ``num_reqs_padded`` request rows."""
+
+    num_reqs_padded: int
+    max_seq_len: int
+    seq_lens: Int[Tensor, " num_reqs_padded"]
+    query_start_loc: Int[Tensor, " num_reqs_padded_plus_1"]
+    block_table: Int[Tensor, "num_reqs_padded width"]
+    seq_lens_cpu: Int[Tensor, " num_reqs_padded"]
+    query_start_loc_cpu: Int[Tensor, " num_reqs_padded_plus_1"]
+
+
+def padded_request_fields(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    tables: Sequence[Sequence[int]],
+    rows: int,
+    device: str | torch.device,
+    *,
+    width: int | None = None,
+) -> PaddedRequestFields:
+    """The real requests' query lengths, context lengths and block tables, padded to ``rows`` and materialised.
+
+    Unpacked into ``AttentionMetadata(...)``: device tensors plus the host mirrors the
+    [H] checks read. ``width`` fixes the block-table width (default: the longest table).
+    """
+    qsl = padded_query_start_loc(query_lens, rows)
+    seq = padded_seq_lens(seq_lens, rows)
+    width = block_table_width(tables) if width is None else width
+    table = padded_block_table(tables, rows, width)
+    return PaddedRequestFields(
+        num_reqs_padded=rows,
+        max_seq_len=max(seq, default=0),
+        seq_lens=torch.tensor(seq, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        block_table=torch.tensor(table, dtype=torch.int32, device=device).reshape(rows, width),
+        seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+    )
+
+
+def padded_query_start_loc(query_lens: Sequence[int], rows: int) -> list[int]:
+    """Each request's first query row, then the real total repeated: padded requests are zero-length."""
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    return qsl + [qsl[-1]] * (rows - len(query_lens))
+
+
+def padded_seq_lens(seq_lens: Sequence[int], rows: int) -> list[int]:
+    """Context lengths of the real requests, 0 for padded ones (a kernel reads no block of theirs)."""
+    return list(seq_lens) + [0] * (rows - len(seq_lens))
+
+
+def block_table_width(tables: Sequence[Sequence[int]]) -> int:
+    """The longest block table, at least one column so an empty batch still has a 2-D table."""
+    return max([1, *(len(t) for t in tables)])
+
+
+def padded_block_table(tables: Sequence[Sequence[int]], rows: int, width: int) -> list[list[int]]:
+    """Tables filled with block 0 to ``width`` columns, then all-zero rows for padded requests.
+
+    Block 0 is a safe filler although a live request may own it: a kernel reads
+    only the first ``ceil(seq_len / block_size)`` entries of a row.
+    """
+    return [list(t) + [0] * (width - len(t)) for t in tables] + [[0] * width] * (rows - len(tables))
+
+
+def padded_slot_mapping(
+    slots: Sequence[int], num_tokens: int, device: str | torch.device
+) -> Int[Tensor, " num_tokens"]:
+    """The real tokens' KV slots, then ``PAD_SLOT_ID`` up to ``num_tokens`` model rows (their writes are dropped)."""
+    return torch.tensor(list(slots) + [PAD_SLOT_ID] * (num_tokens - len(slots)), dtype=torch.int64, device=device)
 
 
 def check_target_batch(

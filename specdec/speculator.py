@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from jaxtyping import Float, Int
@@ -22,6 +22,7 @@ from contracts import (
     AttentionMetadata,
     BatchExecutionDescriptor,
     BatchFacts,
+    BlockEvidence,
     CacheFacts,
     DPSyncState,
     ProposalFacts,
@@ -91,14 +92,15 @@ class Proposal:
     draft from, reported where it was drawn (None: the same as
     ``draft_probs``); the verifier compares the two (VER-3), which is how a
     drafter that hands over a different distribution than it sampled from is
-    caught. ``extra_facts`` is optional evidence for block-drafter invariants.
+    caught. A block drafter adds ``evidence``: its block step and whatever
+    capabilities it has (``contracts.evidence``), which BLK-7/BLK-8 check.
     """
 
     draft_token_ids: Int[Tensor, "num_reqs num_spec_tokens"]
     num_drafts: tuple[int, ...]
     draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
-    extra_facts: dict[str, Any] = field(default_factory=dict)
+    evidence: BlockEvidence | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,13 +272,35 @@ def check_proposal(proposal: Proposal, step: TargetStep, speculator: Speculator,
             f"backend {speculator.name!r} proposed draft counts outside [0, K={k}] or for non-drafting requests: {bad}"
         )
     kind = StepKind.DRAFT_BLOCK if StepKind.DRAFT_BLOCK in speculator.draft_step_kinds else StepKind.DRAFT_DECODE
-    fields: dict[str, Any] = {
-        "desc": step.desc,
-        "num_reqs": step.num_reqs,
-        "num_spec_tokens": k,
-        "draft_token_ids": proposal.draft_token_ids,
-        "draft_probs": proposal.draft_probs,
-    }
-    fields.update(proposal.extra_facts)  # a block drafter reports its own step's descriptor and sample rows
-    facts = ProposalFacts(**fields)
-    check(Subject.PROPOSAL, facts, step_kind=kind, component=component, backend=speculator.name)
+    check(
+        Subject.PROPOSAL,
+        proposal_facts(proposal, step, k),
+        step_kind=kind,
+        component=component,
+        backend=speculator.name,
+    )
+
+
+def proposal_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -> ProposalFacts:
+    """The target step's counts, or a block drafter's own block step and evidence where it reports them."""
+    ev = proposal.evidence
+    if ev is None:
+        return ProposalFacts(
+            desc=step.desc,
+            num_reqs=step.num_reqs,
+            num_spec_tokens=num_spec_tokens,
+            draft_token_ids=proposal.draft_token_ids,
+            draft_probs=proposal.draft_probs,
+        )
+    return ProposalFacts(
+        desc=ev.desc,
+        num_reqs=ev.num_drafting,
+        num_spec_tokens=num_spec_tokens,
+        draft_token_ids=proposal.draft_token_ids,
+        sample_indices=ev.sample_indices,
+        markov=ev.markov,
+        confidence=ev.confidence,
+        capacity=ev.capacity,
+        # A drafter with capacities hands over its drafting rows' proposal, matching the other per-request evidence.
+        draft_probs=ev.capacity.draft_probs if ev.capacity is not None else proposal.draft_probs,
+    )

@@ -16,6 +16,7 @@ from torch import Tensor
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
+from backends.draw import draw_drafts
 from contracts import (
     REJECTED_TOKEN_ID,
     BatchFacts,
@@ -26,7 +27,7 @@ from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import Transformer
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
 
 
@@ -192,7 +193,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             if meta is None or not self.fused:
                 meta = build_decode_metadata(desc, req_ids, pos, kv, max_len, device)
             else:
-                advance_decode_metadata(meta, req_ids, pos, kv, max_len)
+                meta = advance_decode_metadata(meta, req_ids, pos, kv, max_len)
             facts = BatchFacts(
                 desc=desc,
                 num_reqs=m,
@@ -221,14 +222,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
         """Sample (or argmax for greedy requests) with the same transform the verifier applies to the target."""
-        if not params:
-            return torch.zeros(0, dtype=torch.int64, device=logits.device), logits.softmax(-1)
-        if self.argmax_drafts or all(p.greedy for p in params):
-            # Greedy rows' proposals are one-hot anyway; a multinomial draw over the vocabulary cost ~1 ms a row.
-            best = logits.argmax(-1)
-            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(logits.dtype)
-        q = probabilities(logits, params)
-        return sample(q, self.generator), q
+        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)
 
 
 def _pad_ids(ids: Int[Tensor, " n"], rows: int) -> Int[Tensor, " rows"]:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from contracts import PAD_SLOT_ID, AttentionMetadata, BatchExecutionDescriptor, CUDAGraphMode
+from contracts import AttentionMetadata, BatchExecutionDescriptor, CUDAGraphMode
 from specdec import faults
+from specdec.attn_metadata import padded_request_fields, padded_slot_mapping
 from specdec.kv_cache import KVCacheManager
 
 FAULT = "block_attention_rows_from_desc"
@@ -38,25 +39,19 @@ def build_block_metadata(
 ) -> AttentionMetadata:
     """Metadata for blocks at ``P + 1 .. P + q`` of requests whose last committed position is ``P``."""
     num_reqs = len(req_ids)
-    rows = desc.num_reqs_padded(num_reqs)
-    qsl = [min(r, num_reqs) * q for r in range(rows + 1)]
-    seq = [min(p + 1 + q, max_model_len) for p in base_positions] + [0] * (rows - num_reqs)
-    tables = [kv.block_table(r) for r in req_ids]
-    width = max([1, *(len(t) for t in tables)])
-    block_table = [t + [0] * (width - len(t)) for t in tables] + [[0] * width] * (rows - num_reqs)
     return AttentionMetadata(
         num_reqs=num_reqs,
-        num_reqs_padded=rows,
         num_tokens=num_reqs * q,
         num_tokens_padded=block_attention_rows(desc, num_reqs, q),
         max_query_len=q,
-        max_seq_len=max(seq, default=0),
         causal=False,
-        seq_lens=torch.tensor(seq, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        block_table=torch.tensor(block_table, dtype=torch.int32, device=device).reshape(rows, width),
-        slot_mapping=torch.full((desc.num_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device),
-        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
-        seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
+        slot_mapping=padded_slot_mapping([], desc.num_tokens, device),  # block K/V are never cached (BLK-6)
         query_width=q,
+        **padded_request_fields(
+            [q] * num_reqs,
+            [min(p + 1 + q, max_model_len) for p in base_positions],
+            [kv.block_table(r) for r in req_ids],
+            desc.num_reqs_padded(num_reqs),
+            device,
+        ),
     )

@@ -19,12 +19,14 @@ from torch import Tensor
 from backends.common import DraftCacheOwner
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
+from backends.draw import draw_drafts
 from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
     AttentionMetadata,
     BatchExecutionDescriptor,
     BatchFacts,
+    BlockEvidence,
     StepKind,
 )
 from specdec.dp_group import DPGroup
@@ -32,7 +34,7 @@ from specdec.dp_sync import pad_model_rows_for_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import Transformer
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
 
 
@@ -85,6 +87,11 @@ class BlockStep:
         return out
 
 
+def no_block_ran(desc: BatchExecutionDescriptor, tokens: Int[Tensor, "num_reqs k"]) -> BlockEvidence:
+    """The evidence of a step where no rank drafted: the block sync's descriptor and no sampled rows."""
+    return BlockEvidence(desc=desc, num_drafting=0, sample_indices=tokens.new_zeros(0))
+
+
 class DFlashSpeculator(DraftCacheOwner):
     """K drafts per request from one bidirectional block forward over injected target context."""
 
@@ -131,7 +138,9 @@ class DFlashSpeculator(DraftCacheOwner):
         k, q = self.num_spec_tokens, self.query_width
         drafting, out, desc, tokens = self._block_forward(step, ctx)
         if out is None:
-            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+            return Proposal(
+                draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, evidence=no_block_ran(desc, tokens)
+            )
         m, device = len(drafting), tokens.device
         sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
         params = [step.params[r] for r in drafting]
@@ -148,7 +157,7 @@ class DFlashSpeculator(DraftCacheOwner):
             num_drafts=tuple(k if d else 0 for d in step.drafting),
             draft_probs=probs,
             sampled_from=probs,
-            extra_facts={"desc": desc, "num_reqs": m, "sample_indices": sample_rows},
+            evidence=BlockEvidence(desc=desc, num_drafting=m, sample_indices=sample_rows),
         )
 
     def _block_forward(
@@ -291,8 +300,4 @@ class DFlashSpeculator(DraftCacheOwner):
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
         """Argmax for greedy requests (and ``argmax_drafts``), else a sample from the verifier's own transform."""
-        if self.argmax_drafts or all(p.greedy for p in params):
-            best = logits.argmax(-1)
-            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
-        probs = probabilities(logits, params)
-        return sample(probs, self.generator), probs
+        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)

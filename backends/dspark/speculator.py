@@ -19,11 +19,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from backends.dflash.network import DFlashNetwork
-from backends.dflash.speculator import DFlashSpeculator
+from backends.dflash.speculator import DFlashSpeculator, no_block_ran
+from backends.draw import draw_drafts
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
-from contracts import REJECTED_TOKEN_ID
-from specdec.sampling import SamplingParams, probabilities, sample
+from contracts import (
+    REJECTED_TOKEN_ID,
+    BlockEvidence,
+    CapacityEvidence,
+    ConfidenceEvidence,
+    MarkovChainEvidence,
+)
+from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, Proposal, TargetStep
 
 CapacityMode = Literal["full", "threshold", "budget"]
@@ -76,7 +83,9 @@ class DSparkSpeculator(DFlashSpeculator):
         k = q = self.num_spec_tokens
         drafting, out, desc, tokens = self._block_forward(step, ctx)
         if out is None:
-            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, extra_facts={"desc": desc})
+            return Proposal(
+                draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, evidence=no_block_ran(desc, tokens)
+            )
         m, device = len(drafting), tokens.device
         sample_rows = torch.arange(m * q, dtype=torch.int64, device=device)  # every block row proposes a token
         params = [step.params[r] for r in drafting]
@@ -108,18 +117,15 @@ class DSparkSpeculator(DFlashSpeculator):
             num_drafts=tuple(counts.get(r, 0) for r in range(step.num_reqs)),
             draft_probs=draft_probs,
             sampled_from=sampled_from,
-            extra_facts={
-                "desc": desc,
-                "num_reqs": m,
-                "sample_indices": sample_rows,
-                "anchor_token_ids": anchors,
-                "markov_prev_token_ids": prev,
-                "draft_capacity": capacity,
-                "draft_mask": mask,
-                "survival": survival,
-                # The drafting rows only, so every per-request fact has the num_reqs (= m) rows reported above.
-                "draft_probs": handed,
-            },
+            evidence=BlockEvidence(
+                desc=desc,
+                num_drafting=m,
+                sample_indices=sample_rows,
+                markov=MarkovChainEvidence(anchor_token_ids=anchors, prev_token_ids=prev),
+                confidence=ConfidenceEvidence(survival=survival),
+                # The drafting rows only, so every per-request part has the same num_drafting (= m) rows.
+                capacity=CapacityEvidence(capacity=capacity, prefix_mask=mask, draft_probs=handed),
+            ),
         )
 
     def _markov_loop(
@@ -165,11 +171,7 @@ class DSparkSpeculator(DFlashSpeculator):
     ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"]]:
         """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that."""
         logits = backbone.float() + self.heads.markov_bias(prev).float()
-        if all(p.greedy for p in params):
-            best = logits.argmax(-1)
-            return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
-        probs = probabilities(logits, params)  # greedy rows come out one-hot, so sampling them is the argmax
-        return sample(probs, self.generator), probs
+        return draw_drafts(logits, params, self.generator)
 
     def _refit_cost(self, ctx: DraftContext) -> None:
         """Refit ``c0 + c1 · tokens`` to the measured steps every REFIT_EVERY new ones (needs two token counts)."""

@@ -9,6 +9,7 @@ from contracts.metadata import PAD_SLOT_ID
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
+    from contracts.evidence import CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
     from contracts.facts import BatchFacts, ProposalFacts
 
 BLOCK = {StepKind.DRAFT_BLOCK}
@@ -183,27 +184,46 @@ def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "BLK-8",
-    "DSpark: the Markov chain starts at the anchor, capacities lie in [0, N] and form a prefix, survival never increases.",
+    "Drafter evidence holds: a Markov chain starts at the anchor, capacities lie in [0, N] and form a prefix, survival never increases.",
     tag=Tag.D,
     subject=Subject.PROPOSAL,
     step_kinds=BLOCK,
-    backends={"dspark"},
     likely_cause="Markov chain seeded with the wrong token, or capacity selection produced a non-prefix mask",
 )
 def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
-    n = facts.num_spec_tokens
-    prev, anchor = reader.device(facts.markov_prev_token_ids), reader.device(facts.anchor_token_ids)
+    """Runs on whichever capability evidence the proposal carries (``contracts.evidence``), for any backend."""
+    found: list[Observed | None] = []
+    if facts.markov is not None:
+        found.append(_markov_starts_at_anchor(facts.markov, reader))
+    if facts.capacity is not None:
+        found.append(_capacity_is_prefix(facts.capacity, facts.num_spec_tokens, reader))
+    if facts.confidence is not None:
+        found.append(_survival_never_increases(facts.confidence, reader))
+    return next((o for o in found if o is not None), None)
+
+
+def _markov_starts_at_anchor(chain: MarkovChainEvidence, reader: ValueReader) -> Observed | None:
+    prev, anchor = reader.device(chain.prev_token_ids), reader.device(chain.anchor_token_ids)
     if prev is not None and anchor is not None and [row[0] for row in prev] != anchor[: len(prev)]:
         return {"markov first tokens": [row[0] for row in prev], "anchors": anchor}
-    cap, mask = reader.device(facts.draft_capacity), reader.device(facts.draft_mask)
-    if cap is not None and any(not 0 <= c <= n for c in cap):
+    return None
+
+
+def _capacity_is_prefix(evidence: CapacityEvidence, n: int, reader: ValueReader) -> Observed | None:
+    cap, mask = reader.device(evidence.capacity), reader.device(evidence.prefix_mask)
+    if cap is None or mask is None:
+        return None
+    if any(not 0 <= c <= n for c in cap):
         return {"draft_capacity": cap, "N": n}
-    if mask is not None:
-        for r, row in enumerate(mask):
-            k = sum(bool(x) for x in row)
-            if list(map(bool, row)) != [True] * k + [False] * (len(row) - k) or (cap is not None and k != cap[r]):
-                return {"request": r, "draft_mask row": row, "capacity": None if cap is None else cap[r]}
-    surv = reader.device(facts.survival)
+    for r, row in enumerate(mask):
+        k = sum(bool(x) for x in row)
+        if list(map(bool, row)) != [True] * k + [False] * (len(row) - k) or k != cap[r]:
+            return {"request": r, "draft_mask row": row, "capacity": cap[r]}
+    return None
+
+
+def _survival_never_increases(evidence: ConfidenceEvidence, reader: ValueReader) -> Observed | None:
+    surv = reader.device(evidence.survival)
     if surv is not None and any(b > a + 1e-6 for row in surv for a, b in itertools.pairwise(row)):
         return {"survival": surv}
     return None

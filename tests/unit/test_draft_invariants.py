@@ -13,8 +13,11 @@ import contracts
 from contracts import (
     BatchExecutionDescriptor,
     BatchFacts,
+    CapacityEvidence,
+    ConfidenceEvidence,
     ContractViolation,
     CUDAGraphMode,
+    MarkovChainEvidence,
     ProposalFacts,
     StepKind,
     Subject,
@@ -168,10 +171,11 @@ TRIGGERS: dict[str, tuple[Subject, StepKind, Callable[[], object], str | None]] 
             2,
             3,
             torch.zeros((2, 3), dtype=torch.int64),
-            draft_capacity=torch.tensor([2, 3]),
-            draft_mask=torch.tensor([[True, False, True], [True, True, True]]),
+            capacity=CapacityEvidence(
+                capacity=torch.tensor([2, 3]), prefix_mask=torch.tensor([[True, False, True], [True, True, True]])
+            ),
         ),
-        "dspark",
+        "acme-block",
     ),
 }
 
@@ -187,26 +191,73 @@ def test_blk_3_regression_names_dp_padding() -> None:
     assert "DP padding leaked" in str(err)
 
 
-def test_blk_8_only_applies_to_dspark() -> None:
-    _, kind, build, _ = TRIGGERS["BLK-8"]
+def _evidence_facts(**parts: object) -> ProposalFacts:
+    return ProposalFacts(block_facts().desc, 2, 3, torch.zeros((2, 3), dtype=torch.int64), **parts)  # type: ignore[arg-type]
+
+
+GOOD_EVIDENCE: dict[str, object] = {
+    "markov": MarkovChainEvidence(
+        anchor_token_ids=torch.tensor([5, 6]), prev_token_ids=torch.tensor([[5, 1, 1], [6, 2, 2]])
+    ),
+    "capacity": CapacityEvidence(
+        capacity=torch.tensor([2, 0]), prefix_mask=torch.tensor([[True, True, False], [False, False, False]])
+    ),
+    "confidence": ConfidenceEvidence(survival=torch.tensor([[0.9, 0.5, 0.5], [0.9, 0.8, 0.1]])),
+}
+
+
+@pytest.mark.parametrize("backend", ["dspark", "acme-block", None])
+def test_blk_8_is_silent_on_correct_evidence_whatever_the_backend(backend: str | None) -> None:
     with contracts.enforce("full"):
-        check(Subject.PROPOSAL, build(), step_kind=kind, component="test", backend="dflash")
+        check(Subject.PROPOSAL, _evidence_facts(**GOOD_EVIDENCE), step_kind=BLOCK, component="test", backend=backend)
+        check(Subject.PROPOSAL, _evidence_facts(), step_kind=BLOCK, component="test", backend=backend)
 
 
 @pytest.mark.parametrize(
-    ("name", "proposal"),
+    ("name", "part", "bad"),
     [
         (
             "markov chain starts elsewhere",
-            {"anchor_token_ids": torch.tensor([5, 6]), "markov_prev_token_ids": torch.tensor([[5, 1, 1], [7, 1, 1]])},
+            "markov",
+            MarkovChainEvidence(
+                anchor_token_ids=torch.tensor([5, 6]), prev_token_ids=torch.tensor([[5, 1, 1], [7, 1, 1]])
+            ),
         ),
-        ("capacity out of range", {"draft_capacity": torch.tensor([4, 0])}),
-        ("survival increases", {"survival": torch.tensor([[0.9, 0.5, 0.6], [0.9, 0.8, 0.7]])}),
+        (
+            "capacity out of range",
+            "capacity",
+            CapacityEvidence(capacity=torch.tensor([4, 0]), prefix_mask=torch.zeros((2, 3), dtype=torch.bool)),
+        ),
+        (
+            "mask does not match capacity",
+            "capacity",
+            CapacityEvidence(
+                capacity=torch.tensor([1, 0]), prefix_mask=torch.tensor([[True, True, False], [False, False, False]])
+            ),
+        ),
+        (
+            "survival increases",
+            "confidence",
+            ConfidenceEvidence(survival=torch.tensor([[0.9, 0.5, 0.6], [0.9, 0.8, 0.7]])),
+        ),
     ],
 )
-def test_blk_8_catches_every_dspark_bug_pattern(name: str, proposal: dict[str, torch.Tensor]) -> None:
-    facts = ProposalFacts(block_facts().desc, 2, 3, torch.zeros((2, 3), dtype=torch.int64), **proposal)
-    expect("BLK-8", Subject.PROPOSAL, facts, BLOCK, "dspark")
+@pytest.mark.parametrize("backend", ["dspark", "acme-block"])
+def test_blk_8_catches_every_bug_pattern_by_capability_not_backend(
+    name: str, part: str, bad: object, backend: str
+) -> None:
+    """Each broken part is caught on its own and next to correct other parts, whatever the drafter is called."""
+    expect("BLK-8", Subject.PROPOSAL, _evidence_facts(**{part: bad}), BLOCK, backend)
+    expect("BLK-8", Subject.PROPOSAL, _evidence_facts(**{**GOOD_EVIDENCE, part: bad}), BLOCK, backend)
+
+
+def test_blk_8_reads_values_only_in_full_mode() -> None:
+    """BLK-8 is [D]: in ``shapes`` a broken chain costs no device read and raises nothing."""
+    bad = MarkovChainEvidence(
+        anchor_token_ids=torch.tensor([5, 6]), prev_token_ids=torch.tensor([[0, 1, 1], [0, 1, 1]])
+    )
+    with contracts.enforce("shapes"):
+        check(Subject.PROPOSAL, _evidence_facts(markov=bad), step_kind=BLOCK, component="test", backend="acme-block")
 
 
 def test_ar_6_catches_a_slot_mapping_sized_by_requests() -> None:
