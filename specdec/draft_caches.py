@@ -12,7 +12,7 @@ engine's own account.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from specdec.kv_cache import KVCacheManager
@@ -39,14 +39,20 @@ def open_cache(name: str, cache: KVCacheManager, step: TargetStep) -> None:
     cache.ensure_capacities({s.req_id: s.seq_len for s in step.scheduled})
 
 
-def close_cache(name: str, cache: KVCacheManager, step: TargetStep, live_requests: Collection[str] | None) -> None:
-    """Commit ``step`` to ``cache``: committed lengths exactly, finished requests freed, then KV-1/KV-2/KV-4."""
+def close_cache(name: str, cache: KVCacheManager, step: TargetStep, running: Mapping[str, int] | None) -> None:
+    """Commit ``step`` to ``cache``: committed lengths exactly, finished requests freed, then KV-1/KV-2/KV-4.
+
+    ``running`` is the engine's account after the step: every request still
+    running and its committed length, scheduled this step or not. Without it
+    (a replay that only sees the steps) the step's own requests are checked.
+    """
     for rid, n in step.committed_lengths.items():
         cache.commit(rid, n)
     for s in step.scheduled:
         if s.req_id not in step.committed_lengths and s.req_id in cache:  # finished in this step
             cache.free(s.req_id)
-    cache.check(step.committed_lengths, live_requests=live_requests, component=f"draft cache {name!r}")
+    committed = step.committed_lengths if running is None else running
+    cache.check(committed, live_requests=None if running is None else running.keys(), component=f"draft cache {name!r}")
 
 
 def release(caches: Iterable[KVCacheManager], req_ids: Iterable[str]) -> None:

@@ -310,8 +310,8 @@ class Engine:
         """Next step's drafts: draft caches opened for this step, the speculator's proposal, the caches committed."""
         assert self.speculator is not None and self.draft_ctx is not None
         step = self._target_step(batch, target, commit)
-        live = [r.req_id for r in self.scheduler.running if r.finish_reason is None]
-        proposal = self.draft_ctx.propose(self.speculator, step, live_requests=live)
+        running = {r.req_id: r.num_computed for r in self.scheduler.running if r.finish_reason is None}
+        proposal = self.draft_ctx.propose(self.speculator, step, running=running)
         check_proposal(proposal, step, self.speculator)
         if self.draft_rewrite is not None:
             proposal = self.draft_rewrite(step, proposal)

@@ -11,7 +11,7 @@ skip the contracts.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -201,18 +201,19 @@ class DraftContext:
         return cache
 
     def propose(
-        self, speculator: Speculator, step: TargetStep, *, live_requests: Collection[str] | None = None
+        self, speculator: Speculator, step: TargetStep, *, running: Mapping[str, int] | None = None
     ) -> Proposal:
         """``speculator.propose`` between opening every draft cache for ``step`` and committing it.
 
-        ``live_requests`` (the requests still running after the step) lets the
-        close check that nothing else holds a draft block (KV-4).
+        ``running`` maps every request still running after the step to its
+        committed length: the close checks each draft cache against it (KV-2)
+        and that no other request holds a draft block (KV-4).
         """
         for name, cache in self.caches.items():
             open_cache(name, cache, step)
         proposal = speculator.propose(step, self)
         for name, cache in self.caches.items():
-            close_cache(name, cache, step, live_requests)
+            close_cache(name, cache, step, running)
         return proposal
 
     def release(self, req_ids: Iterable[str]) -> None:
