@@ -1,4 +1,8 @@
-"""State every drafter with its own paged KV cache shares: the cache, its tensors, release."""
+"""State every drafter with its own paged KV cache shares: the cache and its tensors.
+
+The engine opens, commits and frees the cache around every proposal; a drafter
+only writes rows into it (and grows it for speculative positions).
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,5 @@ class DraftCacheOwner:
         return self._storage
 
     def finish(self, req_id: str) -> None:
-        """A finished or preempted request releases its draft blocks (KV-1)."""
-        if req_id in self.kv:
-            self.kv.free(req_id)
+        """Nothing to release beyond the draft cache, whose blocks the engine frees itself."""
+        del req_id

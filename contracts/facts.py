@@ -112,3 +112,5 @@ class CacheFacts:
     cache_lengths: Mapping[str, int] | None = None
     committed_lengths: Mapping[str, int] | None = None
     block_size: int | None = None
+    live_requests: frozenset[str] | None = None
+    """Requests the scheduler still runs after the step; any other request holding a block is a leak (KV-4)."""

@@ -3,8 +3,10 @@
 A step schedules requests, syncs its shape with the DP group, runs the target
 over the paged cache, verifies the previous step's drafts (plain decoding is
 verification with no drafts), commits accepted tokens and rolls back the KV of
-rejected ones, then asks the speculator for the next drafts. Every object that
-crosses a boundary is checked in the current contract mode.
+rejected ones, then asks the speculator for the next drafts. The engine owns
+the length of every cache, target and draft alike: it opens each draft cache
+for the step before the speculator runs and commits it after. Every object
+that crosses a boundary is checked in the current contract mode.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from jaxtyping import Int
+from torch import Tensor
 
-from contracts import REJECTED_TOKEN_ID, VerifierInput
-from specdec.attn_metadata import build_positions, build_target_metadata
+from contracts import REJECTED_TOKEN_ID, BatchExecutionDescriptor, DPSyncState, VerifierInput
+from specdec.attn_metadata import ScheduledRequest, build_positions, build_target_metadata
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.kv_cache import KVCacheManager
 from specdec.metrics import RunMetrics
-from specdec.nn.transformer import Transformer
+from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
@@ -44,6 +48,37 @@ class StepResult:
     all_idle: bool
     emitted: dict[str, list[int]]
     finished: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class _Batch:
+    """A step after the DP sync: the scheduler's items, their layout and the agreed (padded) shape."""
+
+    items: list[ScheduledItem]
+    scheduled: tuple[ScheduledRequest, ...]
+    state: DPSyncState
+    desc: BatchExecutionDescriptor
+    query_start: list[int]
+    """Row where each request's query starts, then the real token count (``num_reqs + 1`` entries)."""
+    num_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class _TargetForward:
+    input_ids: Int[Tensor, " num_tokens"]
+    positions: Int[Tensor, " num_tokens"]
+    output: ModelOutput
+
+
+@dataclass
+class _Committed:
+    """What verification committed, per request of the batch (``committed``: running requests only)."""
+
+    last_valid: list[int] = field(default_factory=list)
+    next_tokens: list[int] = field(default_factory=list)
+    drafting: list[bool] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    committed: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -123,29 +158,57 @@ class Engine:
     # -- one step --------------------------------------------------------------------------------
 
     def step(self) -> StepResult:
+        """Schedule, sync, forward, verify, commit, propose, finish: each phase below, in this order."""
         start = time.perf_counter()
+        items = self._schedule()
+        batch = self._sync(items)
+        if batch is None:
+            return StepResult(all_idle=True, emitted={}, finished=())
+        target = self._forward(batch)
+        emitted, accepted = self._verify(items, batch.query_start, target.output.hidden_states)
+        commit = self._commit(batch, emitted, accepted)
+        if self.speculator is not None and self.draft_ctx is not None:
+            self._propose(batch, target, commit, start)
+        return self._finish(batch, commit, emitted, start)
+
+    def _schedule(self) -> list[ScheduledItem]:
+        """This step's requests; the ones preempted to make room lose their draft state and draft blocks now."""
         items = self.scheduler.schedule()
-        for req_id in self.scheduler.drain_preempted():
+        preempted = self.scheduler.drain_preempted()
+        for req_id in preempted:
             if self.speculator is not None:
                 self.speculator.finish(req_id)
-        num_reqs = len(items)
+        if self.draft_ctx is not None:
+            self.draft_ctx.release(preempted)
+        return items
+
+    def _sync(self, items: list[ScheduledItem]) -> _Batch | None:
+        """The step's shape agreed with the DP group; None when every rank is idle."""
         num_tokens = sum(len(it.query_tokens) for it in items)
         lens = {len(it.query_tokens) for it in items}
         uniform = lens.pop() if len(lens) == 1 else None
         state, desc = sync_dp(
-            self.dp_group, num_reqs, num_tokens, uniform, self.config.capture, purpose="target", component="engine"
+            self.dp_group, len(items), num_tokens, uniform, self.config.capture, purpose="target", component="engine"
         )
         if desc.num_tokens == 0:
-            return StepResult(all_idle=True, emitted={}, finished=())
+            return None
+        query_start = [0]
+        for it in items:
+            query_start.append(query_start[-1] + len(it.query_tokens))
+        scheduled = tuple(it.as_scheduled() for it in items)
+        return _Batch(items, scheduled, state, desc, query_start, num_tokens)
 
-        scheduled = [it.as_scheduled() for it in items]
-        device = self.model.device
-        ids = [t for it in items for t in it.query_tokens]
+    def _forward(self, batch: _Batch) -> _TargetForward:
+        """The target over the paged cache; its cache now holds every scheduled row, drafts included."""
+        device, desc = self.model.device, batch.desc
+        ids = [t for it in batch.items for t in it.query_tokens]
         input_ids = torch.zeros(desc.num_tokens, dtype=torch.int64, device=device)
         input_ids[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        positions = build_positions(scheduled, desc, device=device)
-        meta = build_target_metadata(scheduled, desc, self.kv, device=device, input_ids=input_ids, positions=positions)
-        across = state.num_tokens_across_dp if self.dp_group is not None else None
+        positions = build_positions(batch.scheduled, desc, device=device)
+        meta = build_target_metadata(
+            list(batch.scheduled), desc, self.kv, device=device, input_ids=input_ids, positions=positions
+        )
+        across = batch.state.num_tokens_across_dp if self.dp_group is not None else None
         aux = self.speculator.aux_layers if self.speculator is not None else ()
         output = self.model(
             input_ids,
@@ -156,87 +219,97 @@ class Engine:
             dp_group=self.dp_group,
             num_tokens_across_dp=across,
         )
-        for it in items:
+        for it in batch.items:
             self.kv.set_length(it.request.req_id, it.request.num_computed + len(it.query_tokens))
+        return _TargetForward(input_ids, positions, output)
 
-        qsl = [0]
-        for it in items:
-            qsl.append(qsl[-1] + len(it.query_tokens))
-        emitted, accepted = self._verify(items, qsl, output.hidden_states)
+    def _commit(self, batch: _Batch, emitted: dict[int, list[int]], accepted: dict[int, int]) -> _Committed:
+        """Advance every request by what verification accepted and roll the target cache back to it (KV-2).
 
-        last_valid: list[int] = []
-        next_tokens: list[int] = []
-        drafting: list[bool] = []
-        finished: list[str] = []
-        for r, it in enumerate(items):
+        ``emitted[r]`` is cut to what reached the output (a stop token or
+        ``max_tokens`` may end it early).
+        """
+        qsl = batch.query_start
+        out = _Committed()
+        for r, it in enumerate(batch.items):
             req = it.request
             samples = it.samples  # read before the request advances: the property depends on its state
             if samples:
                 a = accepted[r]
                 verified = self.speculator is not None and not req.in_prefill  # before the request advances
                 req.num_computed += 1 + a if it.num_drafts or not req.in_prefill else len(it.query_tokens)
-                last_valid.append(qsl[r] + (a if it.num_drafts else len(it.query_tokens) - 1))
+                out.last_valid.append(qsl[r] + (a if it.num_drafts else len(it.query_tokens) - 1))
                 before = len(req.output)
                 self._append(req, emitted[r])
                 emitted[r] = req.output[before:]  # what reaches the output: cut at a stop token or max_tokens
                 if verified:  # tau counts only tokens that reached the output, not those cut after a stop
                     req.metrics.record(it.num_drafts, a, len(emitted[r]))
-                next_tokens.append(req.tokens[-1])
+                out.next_tokens.append(req.tokens[-1])
             else:
                 req.num_computed += len(it.query_tokens)
-                last_valid.append(qsl[r + 1] - 1)
-                next_tokens.append(req.tokens[req.num_computed])
+                out.last_valid.append(qsl[r + 1] - 1)
+                out.next_tokens.append(req.tokens[req.num_computed])
             req.clear_drafts()
             if req.finish_reason is not None:
-                finished.append(req.req_id)
-                drafting.append(False)
+                out.finished.append(req.req_id)
+                out.drafting.append(False)
             else:
                 self.kv.truncate(req.req_id, req.num_computed)
-                drafting.append(samples)
-        committed = {it.request.req_id: it.request.num_computed for it in items if it.request.finish_reason is None}
-        self.kv.check(committed_lengths=committed)
+                out.drafting.append(samples)
+                out.committed[req.req_id] = req.num_computed
+        self.kv.check(committed_lengths=out.committed)
+        return out
 
-        if self.speculator is not None and self.draft_ctx is not None:
-            host_positions = [
-                s.num_computed_tokens + (lv - q) for s, lv, q in zip(scheduled, last_valid, qsl, strict=False)
-            ]
-            step = TargetStep(
-                desc=desc,
-                dp_state=state,
-                scheduled=tuple(scheduled),
-                input_ids=input_ids,
-                positions=positions,
-                output=output,
-                last_valid=tuple(last_valid),
-                base_positions=tuple(host_positions),
-                next_token_ids=tuple(next_tokens),
-                drafting=tuple(drafting),
-                params=tuple(it.request.params for it in items),
-                committed_lengths=committed,
-                query_token_ids=tuple(tuple(it.query_tokens) for it in items),
-            )
-            proposal = self.speculator.propose(step, self.draft_ctx)
-            check_proposal(proposal, step, self.speculator)
-            if self.draft_rewrite is not None:
-                proposal = self.draft_rewrite(step, proposal)
-            self._store_drafts(items, proposal)
-            for name, cache in self.draft_ctx.caches.items():
-                del name
-                cache.check()
-            self.draft_ctx.step_timings.append((num_tokens, time.perf_counter() - start))
+    def _propose(self, batch: _Batch, target: _TargetForward, commit: _Committed, start: float) -> None:
+        """Next step's drafts: draft caches opened for this step, the speculator's proposal, the caches committed."""
+        assert self.speculator is not None and self.draft_ctx is not None
+        step = self._target_step(batch, target, commit)
+        running = {r.req_id: r.num_computed for r in self.scheduler.running if r.finish_reason is None}
+        proposal = self.draft_ctx.propose(self.speculator, step, running=running)
+        check_proposal(proposal, step, self.speculator)
+        if self.draft_rewrite is not None:
+            proposal = self.draft_rewrite(step, proposal)
+        self._store_drafts(batch.items, proposal)
+        self.draft_ctx.step_timings.append((batch.num_tokens, time.perf_counter() - start))
 
-        for req_id in finished:
+    def _target_step(self, batch: _Batch, target: _TargetForward, commit: _Committed) -> TargetStep:
+        qsl = batch.query_start
+        host_positions = [
+            s.num_computed_tokens + (lv - q) for s, lv, q in zip(batch.scheduled, commit.last_valid, qsl, strict=False)
+        ]
+        requests = [it.request for it in batch.items]
+        return TargetStep(
+            desc=batch.desc,
+            dp_state=batch.state,
+            scheduled=batch.scheduled,
+            input_ids=target.input_ids,
+            positions=target.positions,
+            output=target.output,
+            last_valid=tuple(commit.last_valid),
+            base_positions=tuple(host_positions),
+            next_token_ids=tuple(commit.next_tokens),
+            drafting=tuple(commit.drafting),
+            params=tuple(req.params for req in requests),
+            committed_lengths=commit.committed,
+            # A finished request's count may run past a stop token it was cut at: its history is all its tokens.
+            committed_tokens=tuple(req.history(min(req.num_computed, req.num_tokens)) for req in requests),
+            query_token_ids=tuple(tuple(it.query_tokens) for it in batch.items),
+        )
+
+    def _finish(self, batch: _Batch, commit: _Committed, emitted: dict[int, list[int]], start: float) -> StepResult:
+        """Retire finished requests and count the step."""
+        for req_id in commit.finished:
             req = self.requests[req_id]
             self.scheduler.finish(req)
             if self.speculator is not None:
                 self.speculator.finish(req_id)
             self.metrics.add_request(req)
         self.metrics.steps += 1
-        self.metrics.tokens_scheduled += num_tokens
+        self.metrics.tokens_scheduled += batch.num_tokens
         self.metrics.tokens_emitted += sum(len(e) for e in emitted.values())
         self.metrics.wall_s += time.perf_counter() - start
-        by_id = {items[r].request.req_id: e for r, e in emitted.items()}
-        return StepResult(all_idle=False, emitted=by_id, finished=tuple(finished))
+        by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
+        return StepResult(all_idle=False, emitted=by_id, finished=tuple(commit.finished))
 
     def _verify(
         self, items: list[ScheduledItem], qsl: list[int], hidden: torch.Tensor

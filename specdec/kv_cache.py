@@ -199,6 +199,16 @@ class KVCacheManager:
         self._lengths[req_id] = length
         return released
 
+    def commit(self, req_id: str, length: int) -> list[int]:
+        """Hold exactly ``length`` tokens from now on: the step wrote them, anything past them is rolled back (KV-2).
+
+        ``length`` may lie past the cached length (the step's rows up to it were
+        written) but not past the capacity; returns the blocks released.
+        """
+        if length > self.length(req_id):
+            self.set_length(req_id, length)
+        return self.truncate(req_id, length)
+
     def free(self, req_id: str) -> None:
         """A finished request returns every block and is remembered as finished (KV-1)."""
         table = self._table(req_id)
@@ -237,7 +247,9 @@ class KVCacheManager:
 
     # -- contracts -------------------------------------------------------------------------------
 
-    def facts(self, committed_lengths: Mapping[str, int] | None = None) -> CacheFacts:
+    def facts(
+        self, committed_lengths: Mapping[str, int] | None = None, live_requests: Iterable[str] | None = None
+    ) -> CacheFacts:
         """A snapshot for the KV-* checks; copies, so later mutations do not change it."""
         return CacheFacts(
             num_blocks_total=self._pool.num_total,
@@ -247,13 +259,26 @@ class KVCacheManager:
             cache_lengths=dict(self._lengths),
             committed_lengths=dict(committed_lengths) if committed_lengths is not None else None,
             block_size=self._block_size,
+            live_requests=frozenset(live_requests) if live_requests is not None else None,
         )
 
-    def check(self, committed_lengths: Mapping[str, int] | None = None) -> None:
-        """Run the KV-* invariants; pass the verifier's committed lengths to also check the rollback (KV-2)."""
+    def check(
+        self,
+        committed_lengths: Mapping[str, int] | None = None,
+        *,
+        live_requests: Iterable[str] | None = None,
+        component: str = "kv_cache",
+    ) -> None:
+        """Run the KV-* invariants.
+
+        Pass the verifier's committed lengths to also check the rollback (KV-2),
+        and the requests still running to check that no other request holds a
+        block (KV-4).
+        """
         if current_mode() is Mode.OFF:
             return
-        run_checks(Subject.CACHE, self.facts(committed_lengths), step_kind=StepKind.CACHE, component="kv_cache")
+        facts = self.facts(committed_lengths, live_requests)
+        run_checks(Subject.CACHE, facts, step_kind=StepKind.CACHE, component=component)
 
     def _table(self, req_id: str) -> list[int]:
         try:

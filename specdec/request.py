@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 from jaxtyping import Float
@@ -23,6 +26,45 @@ class FinishReason(enum.Enum):
     MAX_TOKENS = "max_tokens"
     STOP_TOKEN = "stop_token"
     MAX_MODEL_LEN = "max_model_len"
+
+
+class TokenHistory(Sequence[int]):
+    """A read-only view of a request's first ``length`` tokens, prompt then output, without copying them.
+
+    Tokens are only ever appended to a request, so a view taken after a step
+    keeps showing exactly that step's tokens however long the request grows.
+    """
+
+    __slots__ = ("_length", "_output", "_prompt")
+
+    def __init__(self, prompt: list[int], output: list[int], length: int) -> None:
+        if not 0 <= length <= len(prompt) + len(output):
+            raise ValueError(f"a history of {length} tokens does not fit a request of {len(prompt) + len(output)}")
+        self._prompt = prompt
+        self._output = output
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        i = index + self._length if index < 0 else index
+        if not 0 <= i < self._length:
+            raise IndexError(f"token index {index} is outside a history of {self._length} tokens")
+        n = len(self._prompt)
+        return self._prompt[i] if i < n else self._output[i - n]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(itertools.chain(self._prompt, self._output), self._length)
+
+    def __repr__(self) -> str:
+        return f"TokenHistory({list(self)!r})"
 
 
 @dataclass(eq=False)
@@ -62,6 +104,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    def history(self, length: int) -> TokenHistory:
+        """Its first ``length`` tokens as a view (no copy)."""
+        return TokenHistory(self.prompt, self.output, length)
 
     @property
     def in_prefill(self) -> bool:

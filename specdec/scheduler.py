@@ -55,7 +55,7 @@ class Scheduler:
         self._preempted: list[str] = []
 
     def drain_preempted(self) -> list[str]:
-        """Requests preempted since the last call, so drafters can drop their state too."""
+        """Requests preempted since the last call, so the engine can free their draft caches and drafter state too."""
         out, self._preempted = self._preempted, []
         return out
 

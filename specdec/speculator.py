@@ -11,7 +11,7 @@ skip the contracts.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,7 +23,6 @@ from contracts import (
     BatchExecutionDescriptor,
     BatchFacts,
     BlockEvidence,
-    CacheFacts,
     DPSyncState,
     ProposalFacts,
     StepKind,
@@ -34,6 +33,7 @@ from specdec.attn_metadata import ScheduledRequest
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
+from specdec.draft_caches import close_cache, open_cache, release
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import ModelOutput, Transformer
@@ -49,8 +49,11 @@ class TargetStep:
     of its last committed token, ``base_positions[r]`` that token's position
     (P), ``next_token_ids[r]`` the token after it (the sampled bonus, or the
     next prompt token mid-prefill). ``drafting[r]`` says whether the request
-    verifies drafts next step. Per-request values are host integers, as a
-    scheduler knows them; tensors are the model's.
+    verifies drafts next step. ``committed_tokens[r]`` is the request's token
+    history up to and including that last committed token (``base_positions[r]
+    + 1`` tokens, prompt then accepted output): a read-only view, not a copy.
+    Per-request values are host integers, as a scheduler knows them; tensors
+    are the model's.
     """
 
     desc: BatchExecutionDescriptor
@@ -65,6 +68,7 @@ class TargetStep:
     drafting: tuple[bool, ...]
     params: tuple[SamplingParams, ...]
     committed_lengths: Mapping[str, int]
+    committed_tokens: tuple[Sequence[int], ...]
     query_token_ids: tuple[tuple[int, ...], ...] = ()
     """Each request's query tokens on the host, as the scheduler built them (``input_ids`` holds the same on
     the device): a drafter that needs token values (prompt lookup) reads them here without a device sync."""
@@ -142,16 +146,20 @@ class Speculator(Protocol):
         ...
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        """Draft up to ``num_spec_tokens`` tokens per drafting request."""
+        """Draft up to ``num_spec_tokens`` tokens per drafting request.
+
+        Draft caches arrive opened for ``step`` (see ``specdec.draft_caches``)
+        and are committed by the engine afterwards.
+        """
         ...
 
     def finish(self, req_id: str) -> None:
-        """Release the draft state of a finished or preempted request."""
+        """Release the non-cache draft state of a finished or preempted request (the engine frees draft blocks)."""
         ...
 
 
 class DraftContext:
-    """The engine's side of the draft boundary: DP syncs, checked forwards, draft KV caches."""
+    """The engine's side of the draft boundary: DP syncs, checked forwards, draft KV caches and their commit."""
 
     def __init__(
         self,
@@ -181,7 +189,7 @@ class DraftContext:
         """Test-only fault injection point (see ``specdec.testing.faults``); None in production."""
 
     def new_cache(self, name: str, *, lookahead_tokens: int = 0) -> KVCacheManager:
-        """A draft KV cache with the target's block size, accounted by the engine (KV-1).
+        """A draft KV cache with the target's block size, committed and rolled back by the engine.
 
         It has the target's blocks plus room for ``lookahead_tokens`` speculative
         positions per running request, so drafting never runs out of blocks
@@ -193,6 +201,26 @@ class DraftContext:
         cache = KVCacheManager(self.num_blocks + extra, self.block_size)
         self.caches[name] = cache
         return cache
+
+    def propose(
+        self, speculator: Speculator, step: TargetStep, *, running: Mapping[str, int] | None = None
+    ) -> Proposal:
+        """``speculator.propose`` between opening every draft cache for ``step`` and committing it.
+
+        ``running`` maps every request still running after the step to its
+        committed length: the close checks each draft cache against it (KV-2)
+        and that no other request holds a draft block (KV-4).
+        """
+        for name, cache in self.caches.items():
+            open_cache(name, cache, step)
+        proposal = speculator.propose(step, self)
+        for name, cache in self.caches.items():
+            close_cache(name, cache, step, running)
+        return proposal
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Free the draft blocks of requests that stopped running outside a step's close (preempted)."""
+        release(self.caches.values(), req_ids)
 
     def sync(
         self,
@@ -248,9 +276,6 @@ class DraftContext:
             dp_group=self.dp_group,
             num_tokens_across_dp=across,
         )
-
-    def cache_facts(self) -> list[tuple[str, CacheFacts]]:
-        return [(name, cache.facts()) for name, cache in self.caches.items()]
 
 
 def check_proposal(proposal: Proposal, step: TargetStep, speculator: Speculator, *, component: str = "engine") -> None:

@@ -22,10 +22,8 @@ from contracts import (
     BatchFacts,
     StepKind,
 )
-from specdec.attn_metadata import ScheduledRequest, build_target_metadata, reserve
+from specdec.attn_metadata import ScheduledRequest, build_target_metadata
 from specdec.dp_sync import pad_model_rows_for_dp
-from specdec.kv_cache import KVCacheManager
-from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.speculator import DraftContext, DraftOutput, Proposal, TargetStep
@@ -59,8 +57,6 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.argmax_drafts = argmax_drafts
         """Deterministic drafts even for sampled requests: the proposal is one-hot (``draft_probs`` None)."""
-        self._kv: KVCacheManager | None = None
-        self._storage: PagedKVStorage | None = None
 
     @property
     def samples_in_prefill(self) -> bool:
@@ -105,19 +101,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         )
 
     def _prefill(self, step: TargetStep, ctx: DraftContext) -> DraftOutput:
-        """Draft prefill over the target's padded batch (AR-1, AR-2); rejected rows are rolled back."""
+        """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
         kv, device = self.kv, step.input_ids.device
-        for s in step.scheduled:
-            if s.req_id not in kv:
-                kv.add_request(s.req_id)
-            if kv.length(s.req_id) > s.num_computed_tokens:
-                kv.truncate(s.req_id, s.num_computed_tokens)  # last step's speculative decode positions
-            elif kv.length(s.req_id) < s.num_computed_tokens:
-                raise RuntimeError(
-                    f"draft cache of {s.req_id!r} holds {kv.length(s.req_id)} tokens but the target step starts at "
-                    f"{s.num_computed_tokens}: the drafter missed a target step"
-                )
-        reserve(step.scheduled, kv)
         meta = build_target_metadata(list(step.scheduled), step.desc, kv, device=device)
         input_ids = self._prefill_inputs(step)
         features = None
@@ -143,12 +128,6 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             self.storage,
             num_tokens_across_dp=step.dp_state.num_tokens_across_dp,
         )
-        for s in step.scheduled:
-            kv.set_length(s.req_id, s.seq_len)
-            committed = step.committed_lengths.get(s.req_id)
-            if committed is not None:
-                kv.truncate(s.req_id, committed)
-        kv.check(committed_lengths=dict(step.committed_lengths))
         return out
 
     def _prefill_inputs(self, step: TargetStep) -> Int[Tensor, " num_tokens"]:
@@ -185,7 +164,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         base = [step.base_positions[r] for r in drafting]
         ids, feats = first, features
         meta = None
-        # Blocks for every step up front: the fused decode's block table is built once.
+        # Blocks for every step up front (the fused decode's block table is built once); these positions lie past
+        # the committed length, so the engine's close after the proposal rolls them back.
         for rid, p in zip(req_ids, base, strict=True):
             kv.ensure_capacity(rid, min(p + num_steps, max_len - 1) + 1)
         for k in range(1, num_steps + 1):

@@ -4,7 +4,8 @@ Per drafting request the block ``[bonus, MASK x K]`` sits at ``P + 1 .. P + 1 + 
 (``P`` = last committed position) and block position ``j >= 1`` proposes the
 token at its own position, so ``q = K + 1``. The draft cache holds the injected
 context K/V of exactly the committed tokens after every step; block K/V are
-never cached. Every rank syncs once per proposal, drafting or not.
+never cached (the engine commits the draft cache to the committed lengths after
+each proposal). Every rank syncs once per proposal, drafting or not.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from contracts import (
 )
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import pad_model_rows_for_dp
-from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams
@@ -118,8 +118,6 @@ class DFlashSpeculator(DraftCacheOwner):
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.argmax_drafts = argmax_drafts
         """Deterministic drafts even for sampled requests: one-hot proposals (``draft_probs`` None)."""
-        self._kv: KVCacheManager | None = None
-        self._storage: PagedKVStorage | None = None
 
     @property
     def query_width(self) -> int:
@@ -181,7 +179,6 @@ class DFlashSpeculator(DraftCacheOwner):
             empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
             ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
             self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
-            self._commit(step)
             return drafting, None, desc, tokens
 
         desc, across = pad_model_rows_for_dp(desc, state, m, q)
@@ -200,7 +197,6 @@ class DFlashSpeculator(DraftCacheOwner):
             self.storage,
             num_tokens_across_dp=across,
         )
-        self._commit(step)
         return drafting, out, desc, tokens
 
     def _block_facts(
@@ -234,20 +230,11 @@ class DFlashSpeculator(DraftCacheOwner):
         )
 
     def _plan_context(self, step: TargetStep) -> ContextInjection:
-        """Draft slots for the target rows that were committed; rejected, finished and padded rows get none."""
-        kv = self.kv
-        for s in step.scheduled:
-            if s.req_id not in kv:
-                kv.add_request(s.req_id)
-            cached = kv.length(s.req_id)
-            if cached != s.num_computed_tokens:
-                raise RuntimeError(
-                    f"draft cache of {s.req_id!r} holds {cached} tokens but the target step starts at "
-                    f"{s.num_computed_tokens}: the drafter missed a target step or kept uncommitted context"
-                )
-        kv.ensure_capacities(
-            {s.req_id: step.committed_lengths[s.req_id] for s in step.scheduled if s.req_id in step.committed_lengths}
-        )
+        """Draft slots for the target rows that were committed; rejected, finished and padded rows get none.
+
+        The engine opened the cache with blocks for every row of the step and
+        commits exactly the committed lengths after the proposal.
+        """
         # Which target rows were committed follows from the scheduler's committed lengths alone, so BLK-6
         # compares the slots written against an independent account, not against themselves.
         committed = [False] * step.desc.num_tokens
@@ -275,12 +262,6 @@ class DFlashSpeculator(DraftCacheOwner):
             slots[row : row + len(keep)] = self.kv.slot_mapping(s.req_id, keep)
             row += s.query_len
         return slots
-
-    def _commit(self, step: TargetStep) -> None:
-        """The draft cache now holds the injected context of exactly the committed tokens (KV-2)."""
-        for rid, n in step.committed_lengths.items():
-            self.kv.set_length(rid, n)
-        self.kv.check(committed_lengths=dict(step.committed_lengths))
 
     def _block_inputs(
         self, step: TargetStep, drafting: list[int], rows: int, max_model_len: int

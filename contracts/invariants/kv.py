@@ -1,14 +1,15 @@
-"""KV-*: paged KV cache bookkeeping never loses or double-books a block."""
+"""KV-*: paged KV cache bookkeeping never loses or double-books a block, and padding never writes one."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from contracts.metadata import PAD_SLOT_ID
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
-    from contracts.facts import CacheFacts
+    from contracts.facts import BatchFacts, CacheFacts
 
 
 @invariant(
@@ -63,4 +64,44 @@ def kv_2(facts: CacheFacts, _: ValueReader) -> Observed | None:
         short = {}
     if wrong or short:
         return {"(cached, committed) per request": wrong, "(blocks, committed) too few blocks": short}
+    return None
+
+
+@invariant(
+    "KV-3",
+    "A draft prefill or decode forward writes no KV from a padded model row: slot_mapping past the real tokens is PAD_SLOT_ID (block steps: BLK-6).",
+    tag=Tag.D,
+    subject=Subject.BATCH,
+    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE},
+    likely_cause="a padded (CUDA graph or DP) row of a draft forward was given a live slot of the draft cache, "
+    "so its garbage K/V overwrites a real request's context",
+)
+def kv_3(facts: BatchFacts, reader: ValueReader) -> Observed | None:
+    slots = reader.device(facts.meta.slot_mapping)
+    if slots is None:
+        return None
+    live = [(row, s) for row, s in enumerate(slots) if row >= facts.num_tokens and s != PAD_SLOT_ID]
+    if live:
+        return {"real tokens": facts.num_tokens, "(padded row, slot) written": live, "slot_mapping": slots}
+    return None
+
+
+@invariant(
+    "KV-4",
+    "After a step only the requests the scheduler still runs hold blocks of a draft cache: finished and preempted requests hold none.",
+    tag=Tag.H,
+    subject=Subject.CACHE,
+    step_kinds={StepKind.CACHE},
+    likely_cause="the draft blocks of a finished or preempted request were not freed, or a drafter allocated "
+    "draft blocks for a request that no longer runs",
+)
+def kv_4(facts: CacheFacts, _: ValueReader) -> Observed | None:
+    if facts.live_requests is None:
+        return None
+    holding = sorted(r for r, table in facts.block_tables.items() if table and r not in facts.live_requests)
+    if holding:
+        return {
+            "requests not running but holding blocks": {r: list(facts.block_tables[r]) for r in holding},
+            "running": sorted(facts.live_requests),
+        }
     return None

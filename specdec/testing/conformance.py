@@ -294,9 +294,10 @@ def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[st
         for kind, payload in events:
             if kind == "finish":
                 speculator.finish(payload)
+                ctx.release([payload])  # the engine frees a preempted request's draft blocks, as here
                 continue
             step = _to_device_step(payload, move)
-            proposal = speculator.propose(step, ctx)
+            proposal = ctx.propose(speculator, step)  # draft caches opened and committed around it, as in the engine
             check_proposal(proposal, step, speculator, component=f"{device} replay")
             placed = {t.device.type for t in (proposal.draft_token_ids, proposal.draft_probs) if t is not None}
             if placed != {device}:

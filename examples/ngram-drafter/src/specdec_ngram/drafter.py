@@ -1,10 +1,9 @@
 """The n-gram speculator and its lookup.
 
-The speculator keeps each request's committed tokens itself, rebuilt from what
-every ``TargetStep`` shows: request ``r`` had ``num_computed_tokens`` tokens
-cached before the step, and its query rows up to ``last_valid[r]`` are now
-committed. Cutting the history back to ``num_computed_tokens`` before appending
-makes prefill chunks, rejected drafts and recompute after preemption one case.
+Each ``TargetStep`` hands the drafter every request's committed tokens
+(``committed_tokens[r]``, a read-only view) and the token after them
+(``next_token_ids[r]``), so prefill chunks, rejected drafts and recompute after
+preemption need no bookkeeping here: the drafter only looks the suffix up.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from contracts import REJECTED_TOKEN_ID, StepKind
-from specdec import DraftContext, Proposal, ScheduledRequest, TargetStep, Transformer
+from specdec import DraftContext, Proposal, TargetStep, Transformer
 
 
 def lookup(tokens: Sequence[int], k: int, *, min_ngram: int = 1, max_ngram: int = 3) -> list[int]:
@@ -56,7 +55,7 @@ class NgramSpeculator:
         self.num_spec_tokens = num_spec_tokens
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
-        self._history: dict[str, list[int]] = {}
+        self._history: dict[str, Sequence[int]] = {}
 
     def bind(self, target: Transformer, ctx: DraftContext) -> None:
         """No draft state to allocate: the drafts come from the request's own tokens."""
@@ -67,11 +66,9 @@ class NgramSpeculator:
         k = self.num_spec_tokens
         rows: list[list[int]] = []
         counts: list[int] = []
-        start = 0
         for r, sched in enumerate(step.scheduled):
-            query = list(step.query_token_ids[r])  # host tokens: no device read, so no sync on a GPU
-            history = self._commit(sched, query, step.last_valid[r] - start, step.base_positions[r])
-            start += sched.query_len
+            history = step.committed_tokens[r]  # host tokens: no device read, so no sync on a GPU
+            self._history[sched.req_id] = history
             drafts = (
                 lookup([*history, step.next_token_ids[r]], k, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
                 if step.drafting[r]
@@ -82,28 +79,11 @@ class NgramSpeculator:
         ids = torch.tensor(rows, dtype=torch.int64).reshape(step.num_reqs, k).to(step.input_ids.device)
         return Proposal(draft_token_ids=ids, num_drafts=tuple(counts))
 
-    def _commit(self, sched: ScheduledRequest, query: list[int], last_row: int, base_position: int) -> list[int]:
-        """Append this step's committed query tokens to the request's history, dropping anything past the cache."""
-        history = self._history.setdefault(sched.req_id, [])
-        if len(history) < sched.num_computed_tokens:
-            raise RuntimeError(
-                f"n-gram drafter {self.name!r}: request {sched.req_id!r} has {sched.num_computed_tokens} cached "
-                f"tokens but the drafter saw only {len(history)}; it must see every target step of a request"
-            )
-        del history[sched.num_computed_tokens :]
-        history.extend(query[: last_row + 1])
-        if len(history) != base_position + 1:
-            raise RuntimeError(
-                f"n-gram drafter {self.name!r}: request {sched.req_id!r} history has {len(history)} tokens "
-                f"but its last committed position is {base_position}"
-            )
-        return history
-
     def finish(self, req_id: str) -> None:
         self._history.pop(req_id, None)
 
     def history(self, req_id: str) -> tuple[int, ...]:
-        """The committed tokens the drafter holds for ``req_id`` (empty once finished or preempted)."""
+        """The committed tokens the drafter last saw for ``req_id`` (empty once finished or preempted)."""
         return tuple(self._history.get(req_id, ()))
 
     @property
