@@ -10,7 +10,7 @@ crosses a boundary is checked in the current contract mode.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -115,9 +115,6 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.metrics = RunMetrics()
         self.draft_ctx: DraftContext | None = None
-        self.draft_rewrite: Callable[[TargetStep, Proposal], Proposal] | None = None
-        """Test-only (``specdec.testing``): rewrites drafts after the proposal was checked, before they are
-        verified, so a conformance run can force acceptance patterns (all-accept, all-reject) on any backend."""
         if speculator is not None:
             self.draft_ctx = DraftContext(
                 backend=speculator.name,
@@ -263,8 +260,6 @@ class Engine:
             )
             proposal = self.speculator.propose(step, self.draft_ctx)
             check_proposal(proposal, step, self.speculator)
-            if self.draft_rewrite is not None:
-                proposal = self.draft_rewrite(step, proposal)
             self._store_drafts(items, proposal)
             for name, cache in self.draft_ctx.caches.items():
                 del name

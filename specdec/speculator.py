@@ -175,8 +175,6 @@ class DraftContext:
         self.step_timings: deque[tuple[int, float]] = deque(maxlen=256)
         """(tokens the target step ran, seconds the whole step took), measured by the engine after each step:
         what a cost-aware drafter (DSpark's budget) fits its step cost to."""
-        self.fault: Any = None
-        """Test-only fault injection point (see ``specdec.testing.faults``); None in production."""
 
     def new_cache(self, name: str, *, lookahead_tokens: int = 0) -> KVCacheManager:
         """A draft KV cache with the target's block size, accounted by the engine (KV-1).

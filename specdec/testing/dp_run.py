@@ -48,8 +48,6 @@ class DPRunSpec:
     faults: tuple[str, ...] = ()
     device: str = "cpu"
     """Where every rank builds its target (``cuda`` for the real-GPU tensor mode)."""
-    engine_hook: Callable[[Engine], None] | None = None
-    """Applied to each rank's engine before its requests are added (e.g. a forced acceptance pattern)."""
 
     @property
     def dp_size(self) -> int:
@@ -85,8 +83,6 @@ def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResul
     target = shared_target(spec.model, spec.model_seed, spec.device)
     speculator = spec.speculator(target) if spec.speculator is not None else None
     engine = Engine(target, spec.engine, speculator=speculator, dp_group=group)
-    if spec.engine_hook is not None:
-        spec.engine_hook(engine)
     my_rank = group.rank if group is not None else rank
     for r in spec.requests[my_rank]:
         engine.add_request(
