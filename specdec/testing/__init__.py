@@ -9,6 +9,9 @@
   (``specdec.testing.conformance``); the pytest plugin and ``specdec matrix``
   are built on it; ``ForcedAcceptance`` wraps any speculator to force an
   acceptance pattern (``specdec.testing.forced_acceptance``).
+- The mutation corpus: ``specdec.testing.mutant`` (how a mutant is written),
+  ``specdec.testing.corpus`` (the runtime's own mutants and every
+  ``specdec.mutants`` entry point), ``specdec mutate`` (``specdec.testing.mutation``).
 """
 
 from specdec.testing.conformance import (
