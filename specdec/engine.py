@@ -12,7 +12,7 @@ that crosses a boundary is checked in the current contract mode.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -104,9 +104,6 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.metrics = RunMetrics()
         self.draft_ctx: DraftContext | None = None
-        self.draft_rewrite: Callable[[TargetStep, Proposal], Proposal] | None = None
-        """Test-only (``specdec.testing``): rewrites drafts after the proposal was checked, before they are
-        verified, so a conformance run can force acceptance patterns (all-accept, all-reject) on any backend."""
         if speculator is not None:
             self.draft_ctx = DraftContext(
                 backend=speculator.name,
@@ -267,8 +264,6 @@ class Engine:
         running = {r.req_id: r.num_computed for r in self.scheduler.running if r.finish_reason is None}
         proposal = self.draft_ctx.propose(self.speculator, step, running=running)
         check_proposal(proposal, step, self.speculator)
-        if self.draft_rewrite is not None:
-            proposal = self.draft_rewrite(step, proposal)
         self._store_drafts(batch.items, proposal)
         self.draft_ctx.step_timings.append((batch.num_tokens, time.perf_counter() - start))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -185,8 +185,6 @@ class DraftContext:
         self.step_timings: deque[tuple[int, float]] = deque(maxlen=256)
         """(tokens the target step ran, seconds the whole step took), measured by the engine after each step:
         what a cost-aware drafter (DSpark's budget) fits its step cost to."""
-        self.fault: Any = None
-        """Test-only fault injection point (see ``specdec.testing.faults``); None in production."""
 
     def new_cache(self, name: str, *, lookahead_tokens: int = 0) -> KVCacheManager:
         """A draft KV cache with the target's block size, committed and rolled back by the engine.

@@ -18,17 +18,12 @@ from jaxtyping import Int
 from torch import Tensor
 
 from contracts import AttentionMetadata, BatchExecutionDescriptor
-from specdec import faults
 from specdec.attn_metadata import padded_request_fields, padded_slot_mapping
 from specdec.kv_cache import KVCacheManager
-
-FAULT = "ar_decode_attention_rows_from_desc"
 
 
 def decode_attention_rows(desc: BatchExecutionDescriptor, num_reqs: int) -> int:
     """One query per request row; ``desc.num_tokens`` would include the DP pad (the motivating bug)."""
-    if faults.active(FAULT):
-        return desc.num_tokens
     return desc.num_reqs_padded(num_reqs)
 
 

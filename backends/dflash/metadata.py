@@ -14,16 +14,13 @@ from collections.abc import Sequence
 import torch
 
 from contracts import AttentionMetadata, BatchExecutionDescriptor, CUDAGraphMode
-from specdec import faults
 from specdec.attn_metadata import padded_request_fields, padded_slot_mapping
 from specdec.kv_cache import KVCacheManager
-
-FAULT = "block_attention_rows_from_desc"
 
 
 def block_attention_rows(desc: BatchExecutionDescriptor, num_reqs: int, q: int) -> int:
     """Attention query rows; ``desc.num_tokens`` outside FULL would include the DP pad (the follow-up bug)."""
-    if faults.active(FAULT) or desc.cg_mode is CUDAGraphMode.FULL:
+    if desc.cg_mode is CUDAGraphMode.FULL:
         return desc.num_tokens
     return num_reqs * q
 

@@ -240,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=_matrix)
 
     u = sub.add_parser("mutate", help="inject the mutation corpus's bugs and report which contract catches each")
-    u.add_argument("--mutants", help="comma-separated mutant names (default: all; see docs/mutation.md)")
+    u.add_argument(
+        "--mutants",
+        help="comma-separated mutant names (default: all, the runtime's own and every installed specdec.mutants "
+        "corpus; see docs/mutation.md)",
+    )
     u.add_argument("--examples", "-n", type=int, help="generated examples per mutant (default 25)")
     u.add_argument("--seed", type=int, default=0)
     u.add_argument("--json", metavar="PATH", help="write the results as JSON")

@@ -7,7 +7,11 @@
   (``specdec.testing.distributed``).
 - The conformance suite for any backend: ``check_backend`` and its families
   (``specdec.testing.conformance``); the pytest plugin and ``specdec matrix``
-  are built on it.
+  are built on it; ``ForcedAcceptance`` wraps any speculator to force an
+  acceptance pattern (``specdec.testing.forced_acceptance``).
+- The mutation corpus: ``specdec.testing.mutant`` (how a mutant is written),
+  ``specdec.testing.corpus`` (the runtime's own mutants and every
+  ``specdec.mutants`` entry point), ``specdec mutate`` (``specdec.testing.mutation``).
 """
 
 from specdec.testing.conformance import (
@@ -20,6 +24,7 @@ from specdec.testing.conformance import (
     run_family,
 )
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, plain_outputs, run_in_process
+from specdec.testing.forced_acceptance import ForcedAcceptance
 from specdec.testing.strategies import (
     DP_SIZES,
     BrokenDescriptorCase,
@@ -42,6 +47,7 @@ __all__ = [
     "DPRunSpec",
     "DescriptorCase",
     "FamilyResult",
+    "ForcedAcceptance",
     "RankBatch",
     "RequestSpec",
     "StepConfig",

@@ -5,10 +5,10 @@ from (``factory(target, **options) -> Speculator``, the entry-point shape).
 Each *family* is a Hypothesis strategy over whole DP runs that stresses one
 axis where padding bugs live: DP size with uneven and idle ranks, CUDA-graph
 mode and capture sizes, draft length, chunked prefill mixed with decode,
-forced acceptance patterns, sampled requests, and (for backends that take a
-``capacity`` option) DSpark-style capacities. Every example runs every rank's
-engine with contracts enforced and, for greedy requests, compares the output
-with plain decoding token for token. The report says, per family and tensor
+forced acceptance patterns (``ForcedAcceptance``), sampled requests, and
+(for backends that take a ``capacity`` option) DSpark-style capacities. Every
+example runs every rank's engine with contracts enforced and, for greedy
+requests, compares the output with plain decoding token for token. The report says, per family and tensor
 mode, how many examples were tried and which invariant (or mismatch, or
 crash) the first failing one hit.
 
@@ -44,13 +44,14 @@ from contracts import ContractViolation, CUDAGraphMode
 from specdec.backend_registry import names_option
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
-from specdec.engine import Engine, EngineConfig
+from specdec.engine import EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_reference, run_in_process, shared_target
+from specdec.testing.forced_acceptance import ForcedAcceptance
 from specdec.testing.meta_memo import MetaMemo
 
 Factory = Callable[..., Speculator]
@@ -101,42 +102,6 @@ class Outcome:
     message: str = ""
 
 
-class AcceptanceRewrite:
-    """Forces an acceptance pattern by rewriting checked drafts against the plain greedy continuation.
-
-    The backend's proposal is checked first (by the engine), then greedy rows'
-    drafts are replaced: the token plain decoding emits at that position
-    (accepted), or a different one (rejected). The backend keeps drafting from
-    whatever the target committed, so it meets long accepted runs and
-    immediate rejections it would rarely produce on a random target.
-    """
-
-    def __init__(self, pattern: str, sequences: Mapping[str, Sequence[int]], vocab: int, seed: int) -> None:
-        if pattern not in ("all-accept", "all-reject", "random"):
-            raise ValueError(f"unknown acceptance pattern {pattern!r}; expected all-accept, all-reject or random")
-        self.pattern = pattern
-        self.sequences = sequences
-        self.vocab = vocab
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def __call__(self, step: TargetStep, proposal: Proposal) -> Proposal:
-        if proposal.draft_probs is not None:
-            return proposal  # sampled drafts keep their own proposal distribution
-        ids = proposal.draft_token_ids.clone()
-        for r, n in enumerate(proposal.num_drafts):
-            seq = self.sequences.get(step.scheduled[r].req_id)
-            if not n or seq is None or not step.params[r].greedy:
-                continue
-            for j in range(n):
-                at = step.base_positions[r] + 2 + j  # P + 1 holds the token just sampled
-                want = seq[at] if at < len(seq) else int(ids[r, j])
-                accept = self.pattern == "all-accept" or (
-                    self.pattern == "random" and bool(torch.rand((), generator=self.rng) < 0.5)
-                )
-                ids[r, j] = want if accept else (want + 1) % self.vocab
-        return dataclasses.replace(proposal, draft_token_ids=ids)
-
-
 def run_case(
     factory: Factory, case: Case, *, tensor_mode: str = "cpu", mode: str = "full", timeout_s: float = 20.0
 ) -> Outcome:
@@ -152,7 +117,7 @@ def run_case(
         return recorder
 
     device = "cuda" if tensor_mode == "cuda" else "cpu"
-    spec = dataclasses.replace(case.run, speculator=build, device=device, engine_hook=None)
+    spec = dataclasses.replace(case.run, speculator=build, device=device)
     # The fake-cuda example's CPU run only records calls for the replay: the cpu mode already checks values and
     # losslessness on its own examples, so here plain decoding runs only when an acceptance pattern needs it.
     replaying = tensor_mode == "fake-cuda"
@@ -166,12 +131,12 @@ def run_case(
             if case.acceptance is not None and plain is not None:
                 prompts = {r.req_id: r.prompt for rank in spec.requests for r in rank}
                 sequences = {rid: [*prompts[rid], *out] for rid, out in plain.items()}
-                pattern, seed = case.acceptance, spec.model_seed
+                pattern, seed, vocab = case.acceptance, spec.model_seed, spec.model.vocab_size
 
-                def hook(engine: Engine) -> None:
-                    engine.draft_rewrite = AcceptanceRewrite(pattern, sequences, spec.model.vocab_size, seed)
+                def forced(target: Transformer) -> Speculator:
+                    return ForcedAcceptance(build(target), pattern, sequences, vocab, seed)
 
-                spec = dataclasses.replace(spec, engine_hook=hook)
+                spec = dataclasses.replace(spec, speculator=forced)
             results = run_in_process(spec, timeout_s=timeout_s)
     except ContractViolation as e:
         return Outcome(False, e.invariant_id, str(e))

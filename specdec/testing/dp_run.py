@@ -16,7 +16,6 @@ from typing import Any, no_type_check
 from hypothesis import strategies as st
 
 from contracts import CUDAGraphMode
-from specdec import faults
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup, in_process_world, run_ranks
 from specdec.engine import Engine, EngineConfig, RunMetrics
@@ -26,6 +25,7 @@ from specdec.request import FinishReason
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
+from specdec.testing.corpus import injected
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,11 @@ class DPRunSpec:
     requests: tuple[tuple[RequestSpec, ...], ...]
     """Requests of each rank; the tuple's length is the DP size."""
     speculator: Callable[[Transformer], Speculator] | None = None
-    faults: tuple[str, ...] = ()
+    mutants: tuple[str, ...] = ()
+    """Mutation-corpus mutants (``specdec.testing.corpus``) applied around the run, in every rank's process: how a
+    regression test re-injects a known bug."""
     device: str = "cpu"
     """Where every rank builds its target (``cuda`` for the real-GPU tensor mode)."""
-    engine_hook: Callable[[Engine], None] | None = None
-    """Applied to each rank's engine before its requests are added (e.g. a forced acceptance pattern)."""
 
     @property
     def dp_size(self) -> int:
@@ -85,8 +85,6 @@ def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResul
     target = shared_target(spec.model, spec.model_seed, spec.device)
     speculator = spec.speculator(target) if spec.speculator is not None else None
     engine = Engine(target, spec.engine, speculator=speculator, dp_group=group)
-    if spec.engine_hook is not None:
-        spec.engine_hook(engine)
     my_rank = group.rank if group is not None else rank
     for r in spec.requests[my_rank]:
         engine.add_request(
@@ -98,7 +96,7 @@ def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResul
 
 def run_in_process(spec: DPRunSpec, timeout_s: float = 30.0) -> list[RankResult]:
     """All ranks as threads of this process (the fast path for tests and the matrix)."""
-    with faults.inject(*spec.faults):  # process-wide, so once for all rank threads
+    with injected(spec.mutants):  # process-wide, so once for all rank threads
         if spec.dp_size == 1:
             return [run_rank(None, spec)]
         return run_ranks(lambda g: run_rank(g, spec), in_process_world(spec.dp_size, timeout_s=timeout_s))
@@ -106,7 +104,7 @@ def run_in_process(spec: DPRunSpec, timeout_s: float = 30.0) -> list[RankResult]
 
 def run_gloo_rank(group: DPGroup, spec: DPRunSpec) -> RankResult:
     """Entry point of one gloo process (``specdec.testing.distributed.run_gloo``)."""
-    with faults.inject(*spec.faults):
+    with injected(spec.mutants):  # a spawned process: the mutants are applied in it, not inherited
         return run_rank(group, spec)
 
 
@@ -127,7 +125,7 @@ def set_reference_cache(enabled: bool) -> bool:
     """Turn the process's plain-reference cache on (empty) or off (dropped); returns whether it was on.
 
     Only for runs whose code is not patched while the cache lives (the matrix):
-    a reference decoded before a mutant or fault was applied would hide it.
+    a reference decoded before a mutant was applied would hide it.
     """
     global _plain
     was = _plain is not None

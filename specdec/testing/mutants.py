@@ -1,103 +1,31 @@
-"""The mutation corpus: realistic bugs in this project's own code, each injected at run time.
+"""The runtime's own mutants: realistic bugs in ``specdec``'s code, each injected at run time.
 
-A mutant wraps the real function (or the real class a builder constructs) and
-perturbs its result the way the bug would, so everything around it runs as
-shipped; three use the named fault points of ``specdec.faults``. Applying a
-mutant is a context manager that restores the original attribute on exit.
-
-Backend code is named by dotted path and resolved when a mutant is applied,
-the way the entry-point registry reaches backends, so ``specdec`` keeps its
-layering (it never imports ``backends``). ``expected`` is the invariant meant
-to catch the bug; ``specdec.testing.mutation`` measures whether it does.
+Target attention metadata, KV rollback, the verifier, the draft DP sync and the
+target step handed to the drafter. The mutants run against built-in backends by
+name (their ``specdec.backends`` entry points), so this module imports no
+backend; the built-in drafters' own mutants live next to them
+(``backends.testing.mutants``), and ``specdec.testing.corpus`` gathers both.
+``expected`` is the invariant meant to catch a bug; ``specdec.testing.mutation``
+measures whether it does.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import pkgutil
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import torch
-from torch import Tensor
 
+import specdec.attn_metadata
+import specdec.engine
+import specdec.speculator
+import specdec.verifier
 from contracts import REJECTED_TOKEN_ID
-from specdec import faults
 from specdec.dp_sync import sync_dp
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.speculator import DraftContext
+from specdec.testing.mutant import Apply, Mutant, constructed, wrapped
 
-Apply = Callable[[], AbstractContextManager[None]]
-
-AR_SPEC = "backends.autoregressive.speculator"
-AR_CLASS = f"{AR_SPEC}:AutoregressiveSpeculator"
-DFLASH_SPEC = "backends.dflash.speculator"
-DFLASH_CLASS = f"{DFLASH_SPEC}:DFlashSpeculator"
-DSPARK_SPEC = "backends.dspark.speculator"
-DSPARK_CLASS = f"{DSPARK_SPEC}:DSparkSpeculator"
-DRAFT_CONTEXT = "specdec.speculator:DraftContext"
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """One bug pattern, the backend and configuration family it is run against, and what should catch it."""
-
-    name: str
-    description: str
-    backend: str
-    family: str
-    expected: str
-    """An invariant ID, or ``mismatch`` / an exception type where no contract can see the bug."""
-    apply: Apply
-    also_accepted: tuple[str, ...] = ()
-    """Other outcomes that count as the expected catch (a skipped collective: DP-3 or the timeout it causes)."""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Backend options fixed for the whole run (on top of the family's own)."""
-    timeout_s: float = 20.0
-    """DP collective timeout: short where the bug makes ranks wait on each other."""
-
-    def accepts(self, caught_by: str | None) -> bool:
-        return caught_by is not None and (caught_by == self.expected or caught_by in self.also_accepted)
-
-
-# -- injection helpers -------------------------------------------------------------------------------------------
-
-
-def resolve(path: str) -> Any:
-    """``package.module:Attr`` (or a module) by name, imported now."""
-    return pkgutil.resolve_name(path)
-
-
-@contextmanager
-def wrapped(owner_path: str, attr: str, wrap: Callable[[Any], Any]) -> Iterator[None]:
-    """Replace ``owner.attr`` by ``wrap(real)`` for the block; ``mock`` restores it (or its absence) on exit."""
-    owner = resolve(owner_path)
-    with mock.patch.object(owner, attr, wrap(getattr(owner, attr))):
-        yield
-
-
-def _constructed(perturb: Callable[[dict[str, Any]], None]) -> Callable[[Any], Any]:
-    """A subclass of the real (data)class whose constructor perturbs its keyword arguments first.
-
-    Patched in as the name a builder constructs, it lets the builder's own
-    contract check (which runs on the object it built) see the bug.
-    """
-
-    def wrap(real: Any) -> Any:
-        class Mutated(real):
-            def __init__(self, **kw: Any) -> None:
-                perturb(kw)
-                super().__init__(**kw)
-
-        Mutated.__name__ = Mutated.__qualname__ = real.__name__
-        return Mutated
-
-    return wrap
-
-
-# -- target attention metadata (specdec.attn_metadata) -----------------------------------------------------------
+# -- target attention metadata (specdec.attn_metadata) --------------------------------------------------------------
 
 
 def _qsl_pad_minus_one(kw: dict[str, Any]) -> None:
@@ -134,10 +62,10 @@ def _attention_rows_from_model_rows(kw: dict[str, Any]) -> None:
 
 
 def _target_metadata(perturb: Callable[[dict[str, Any]], None]) -> Apply:
-    return lambda: wrapped("specdec.attn_metadata", "AttentionMetadata", _constructed(perturb))
+    return lambda: wrapped(specdec.attn_metadata, "AttentionMetadata", constructed(perturb))
 
 
-# -- KV rollback -------------------------------------------------------------------------------------------------
+# -- KV rollback ----------------------------------------------------------------------------------------------------
 
 
 def _no_rollback(real: Any) -> Any:
@@ -152,7 +80,7 @@ def _no_rollback(real: Any) -> Any:
     return NoRollback
 
 
-# -- verifier ----------------------------------------------------------------------------------------------------
+# -- verifier -------------------------------------------------------------------------------------------------------
 
 
 def _bonus_dropped(kw: dict[str, Any]) -> None:
@@ -163,7 +91,7 @@ def _bonus_dropped(kw: dict[str, Any]) -> None:
     kw["output_token_ids"] = out
 
 
-# -- draft DP sync -----------------------------------------------------------------------------------------------
+# -- draft DP sync --------------------------------------------------------------------------------------------------
 
 
 def _idle_rank_skips_sync(real: Any) -> Any:
@@ -204,62 +132,7 @@ def _decode_sync_without_uniform(real: Any) -> Any:
     return sync
 
 
-# -- autoregressive drafter --------------------------------------------------------------------------------------
-
-
-def _decode_metadata_one_behind(real: Any) -> Any:
-    """Step k's metadata built before its position was advanced: seq_lens and the KV slot one behind the query."""
-
-    def build(desc: Any, req_ids: Any, positions: list[int], kv: Any, max_model_len: int, device: torch.device) -> Any:
-        return real(desc, req_ids, [p - 1 for p in positions], kv, max_model_len, device)
-
-    return build
-
-
-def _prefill_on_real_rows(real: Any) -> Any:
-    """The draft prefill runs on the target step cut to its real tokens: ids, positions and hidden states."""
-
-    def prefill(self: Any, step: Any, ctx: Any) -> Any:
-        n, out = step.num_tokens, step.output
-        cut = dataclasses.replace(
-            out, hidden_states=out.hidden_states[:n], aux_hidden_states=tuple(a[:n] for a in out.aux_hidden_states)
-        )
-        return real(
-            self, dataclasses.replace(step, input_ids=step.input_ids[:n], positions=step.positions[:n], output=cut), ctx
-        )
-
-    return prefill
-
-
-def _rows_own_length(real: Any) -> Any:
-    """Padding helpers that pad to their own length: decode inputs stay at the request count, not the DP rows."""
-
-    def pad(values: Any, rows: int, *args: Any) -> Tensor:
-        out: Tensor = real(values, len(values), *args)
-        return out
-
-    return pad
-
-
-@contextmanager
-def _all(*applies: Apply) -> Iterator[None]:
-    """One bug spread over several helpers, applied (and restored) together."""
-    with ExitStack() as stack:
-        for apply in applies:
-            stack.enter_context(apply())
-        yield
-
-
-def _drawn_before_transform(real: Any) -> Any:
-    """Drafts sampled from the raw softmax while the temperature/top-k/top-p proposal is reported."""
-
-    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
-        drawn, q = real(self, logits, params)
-        if not params or self.argmax_drafts:
-            return drawn, q
-        return sample(logits.float().softmax(-1), self.generator), q
-
-    return draw
+# -- the target step handed to the drafter --------------------------------------------------------------------------
 
 
 def _last_valid_one_early(kw: dict[str, Any]) -> None:
@@ -267,120 +140,9 @@ def _last_valid_one_early(kw: dict[str, Any]) -> None:
     kw["last_valid"] = tuple(v - 1 for v in kw["last_valid"])
 
 
-# -- block drafters ----------------------------------------------------------------------------------------------
-
-
-def _context_every_row(real: Any) -> Any:
-    """Context slots for every target row, rejected drafts and finished requests included (no ``p < end``)."""
-
-    def slots(self: Any, step: Any) -> list[int]:
-        out: list[int] = real(self, step)
-        self.kv.ensure_capacities({s.req_id: s.seq_len for s in step.scheduled})
-        row = 0
-        for s in step.scheduled:
-            out[row : row + s.query_len] = self.kv.slot_mapping(s.req_id, range(s.num_computed_tokens, s.seq_len))
-            row += s.query_len
-        return out
-
-    return slots
-
-
-def _block_qsl_padded_requests(real: Any) -> Any:
-    """``query_start_loc = r * q`` for every row: padded requests get q queries instead of none."""
-
-    def build(
-        desc: Any,
-        req_ids: Any,
-        base_positions: Any,
-        q: int,
-        kv: Any,
-        max_model_len: int,
-        device: torch.device,
-    ) -> Any:
-        meta = real(desc, req_ids, base_positions, q, kv, max_model_len, device)
-        qsl = [r * q for r in range(meta.num_reqs_padded + 1)]
-        return dataclasses.replace(
-            meta,
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=meta.query_start_loc.device),
-            query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
-        )
-
-    return build
-
-
-def _block_at_last_verified(real: Any) -> Any:
-    """Block positions ``P + j`` instead of ``P + 1 + j``: the block starts on the last verified token."""
-
-    def inputs(self: Any, step: Any, drafting: list[int], rows: int, max_model_len: int) -> tuple[Tensor, Tensor]:
-        ids, positions = real(self, step, drafting, rows, max_model_len)
-        n = len(drafting) * self.query_width
-        positions = positions.clone()
-        positions[:n] -= 1
-        return ids, positions
-
-    return inputs
-
-
-def _markov_from_zero(real: Any) -> Any:
-    """The chain state is initialised to token 0 instead of the anchor."""
-
-    def start(self: Any, anchors: Tensor) -> Tensor:
-        return torch.zeros_like(real(self, anchors))
-
-    return start
-
-
-def _backbone_proposal(real: Any) -> Any:
-    """The verifier gets ``softmax(U_k)`` (through the sampling transform), not the Markov-corrected q."""
-
-    def proposal(self: Any, corrected: Tensor, backbone: Tensor, params: list[SamplingParams]) -> Tensor:
-        real(self, corrected, backbone, params)
-        m, k, vocab = backbone.shape
-        per_row = [p for p in params for _ in range(k)]
-        return probabilities(backbone.float().reshape(m * k, vocab), per_row).view(m, k, vocab)
-
-    return proposal
-
-
-def _right_aligned_mask(real: Any) -> Any:
-    """The capacity mask right-aligned (a left-padding convention): the last ``c`` slots instead of the first."""
-
-    def mask(capacity: Tensor, k: int) -> Tensor:
-        out: Tensor = real(capacity, k).flip(-1)
-        return out
-
-    return mask
-
-
-# -- the corpus --------------------------------------------------------------------------------------------------
+# -- the corpus -----------------------------------------------------------------------------------------------------
 
 MUTANTS: tuple[Mutant, ...] = (
-    # The DP-padding leak into draft attention metadata, in each drafter family.
-    Mutant(
-        "eagle-dp-pad-decode-attention",
-        "AR draft decode attention rows from desc.num_tokens, which includes the DP pad (the motivating vLLM bug)",
-        "eagle",
-        "dp",
-        "AR-5",
-        lambda: faults.inject("ar_decode_attention_rows_from_desc"),
-    ),
-    Mutant(
-        "dflash-dp-pad-block-attention",
-        "DFlash block attention rows from desc.num_tokens outside FULL, DP pad included (the follow-up vLLM bug)",
-        "dflash",
-        "dp",
-        "BLK-3",
-        lambda: faults.inject("block_attention_rows_from_desc"),
-    ),
-    Mutant(
-        "dspark-dp-pad-block-attention",
-        "the same DP-padding leak through DSpark's anchor-first block metadata",
-        "dspark",
-        "dp",
-        "BLK-3",
-        lambda: faults.inject("block_attention_rows_from_desc"),
-    ),
-    # The target's metadata builder (specdec.attn_metadata).
     Mutant(
         "target-qsl-pad-minus-one",
         "target query_start_loc padded with -1 for padded requests instead of the real token total",
@@ -421,22 +183,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "TGT-7",
         _target_metadata(_attention_rows_from_model_rows),
     ),
-    # KV caches.
-    Mutant(
-        "dflash-rejected-context-rows",
-        "DFlash writes the context K/V of rejected draft rows (and finished requests) into the draft cache",
-        "dflash",
-        "dp",
-        "BLK-6",
-        lambda: wrapped(DFLASH_CLASS, "_context_slots", _context_every_row),
-    ),
     Mutant(
         "engine-kv-not-rolled-back",
         "the engine's kv.truncate after verification does nothing: rejected draft positions stay cached",
         "dflash",
         "dp",
         "KV-2",
-        lambda: wrapped("specdec.engine", "KVCacheManager", _no_rollback),
+        lambda: wrapped(specdec.engine, "KVCacheManager", _no_rollback),
     ),
     Mutant(
         "eagle-draft-kv-not-rolled-back",
@@ -444,43 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "eagle",
         "dp",
         "KV-2",
-        lambda: wrapped("specdec.speculator", "KVCacheManager", _no_rollback),
-    ),
-    # DSpark.
-    Mutant(
-        "dspark-markov-start-wrong-token",
-        "DSpark's Markov chain starts from token 0 instead of the anchor (the bonus just sampled)",
-        "dspark",
-        "dp",
-        "BLK-8",
-        lambda: wrapped(DSPARK_CLASS, "_markov_start", _markov_from_zero),
-    ),
-    Mutant(
-        "dspark-backbone-proposal",
-        "DSpark hands the verifier the backbone softmax(U_k) instead of the Markov-corrected q it drew from",
-        "dspark",
-        "sampling",
-        "VER-3",
-        lambda: wrapped(DSPARK_CLASS, "_verifier_proposal", _backbone_proposal),
-    ),
-    Mutant(
-        "dspark-capacity-not-prefix",
-        "DSpark's capacity mask right-aligned: the last c slots are proposed, not a prefix",
-        "dspark",
-        "draft-length",
-        "BLK-8",
-        lambda: wrapped(DSPARK_SPEC, "prefix_mask", _right_aligned_mask),
-        # Truncating capacities on every example; the capacity family draws "full" (no truncation) a third of the time.
-        options={"capacity": "threshold", "tau": 0.5},
-    ),
-    # Autoregressive drafters.
-    Mutant(
-        "draft-model-decode-positions-off-by-one",
-        "AR draft decode step k builds its metadata (seq_lens, KV slot) for position P+k-1, one behind its query",
-        "draft-model",
-        "acceptance",
-        "AR-8",
-        lambda: wrapped(AR_SPEC, "build_decode_metadata", _decode_metadata_one_behind),
+        lambda: wrapped(specdec.speculator, "KVCacheManager", _no_rollback),
     ),
     Mutant(
         "draft-model-decode-not-uniform",
@@ -488,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "draft-model",
         "acceptance",
         "AR-4",
-        lambda: wrapped(DRAFT_CONTEXT, "sync", _decode_sync_without_uniform),
+        lambda: wrapped(DraftContext, "sync", _decode_sync_without_uniform),
     ),
     Mutant(
         "engine-last-valid-off-by-one",
@@ -496,63 +213,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "eagle",
         "dp",
         "AR-2",
-        lambda: wrapped("specdec.engine", "TargetStep", _constructed(_last_valid_one_early)),
+        lambda: wrapped(specdec.engine, "TargetStep", constructed(_last_valid_one_early)),
     ),
-    Mutant(
-        "eagle-prefill-unpadded",
-        "the EAGLE draft prefill runs on the target's real tokens only, not its padded rows (ids, positions, hidden)",
-        "eagle",
-        "dp",
-        "AR-1",
-        lambda: wrapped(AR_CLASS, "_prefill", _prefill_on_real_rows),
-    ),
-    Mutant(
-        "eagle-decode-inputs-unpadded",
-        "EAGLE decode ids, positions and features padded to the request count, not the DP-padded model rows",
-        "eagle",
-        "dp",
-        "AR-6",
-        lambda: _all(
-            lambda: wrapped(AR_SPEC, "_pad_ids", _rows_own_length),
-            lambda: wrapped(AR_SPEC, "padded_rows", _rows_own_length),
-            lambda: wrapped(AR_SPEC, "_pad_features", _rows_own_length),
-        ),
-    ),
-    Mutant(
-        "eagle-draft-sampled-before-transform",
-        "EAGLE drafts drawn from the raw softmax while the temperature/top-k/top-p proposal is reported",
-        "eagle",
-        "sampling",
-        "VER-3",
-        lambda: wrapped(AR_CLASS, "_draw", _drawn_before_transform),
-    ),
-    # Block drafters.
-    Mutant(
-        "dspark-block-qsl-padded-requests",
-        "block query_start_loc gives padded requests q queries instead of zero-length ranges (shared DFlash code)",
-        "dspark",
-        "graph",
-        "BLK-4",
-        lambda: wrapped(DFLASH_SPEC, "build_block_metadata", _block_qsl_padded_requests),
-        # q = K = 1: every capture size can hold a FULL block step, the only kind with padded requests.
-        options={"num_spec_tokens": 1},
-    ),
-    Mutant(
-        "dflash-block-positions-off-by-one",
-        "the DFlash block placed at the last verified position P instead of P + 1",
-        "dflash",
-        "dp",
-        "BLK-5",
-        lambda: wrapped(DFLASH_CLASS, "_block_inputs", _block_at_last_verified),
-    ),
-    # The verifier and DP.
     Mutant(
         "verifier-bonus-dropped",
         "the verifier drops the bonus token after an accepted run (its slot keeps the sentinel)",
         "dflash",
         "acceptance",
         "VER-1",
-        lambda: wrapped("specdec.verifier", "VerifierOutput", _constructed(_bonus_dropped)),
+        lambda: wrapped(specdec.verifier, "VerifierOutput", constructed(_bonus_dropped)),
     ),
     Mutant(
         "dp-rank-skips-draft-sync",
@@ -560,37 +229,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "dflash",
         "dp",
         "DP-3",
-        lambda: wrapped(DRAFT_CONTEXT, "sync", _idle_rank_skips_sync),
+        lambda: wrapped(DraftContext, "sync", _idle_rank_skips_sync),
         also_accepted=("DPCollectiveTimeout",),
         timeout_s=3.0,
     ),
 )
-
-BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
-assert len(BY_NAME) == len(MUTANTS), "mutant names must be unique"
-
-
-def get(names: list[str] | tuple[str, ...] | None = None) -> list[Mutant]:
-    """The named mutants (all when ``names`` is None), in corpus order; unknown names raise."""
-    if names is None:
-        return list(MUTANTS)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise ValueError(f"unknown mutant(s) {unknown}; known: {sorted(BY_NAME)}")
-    return [m for m in MUTANTS if m.name in set(names)]
-
-
-PATCHED_NAMESPACES: tuple[str, ...] = (
-    "specdec.attn_metadata",
-    "specdec.engine",
-    "specdec.speculator",
-    "specdec.verifier",
-    DRAFT_CONTEXT,
-    AR_SPEC,
-    AR_CLASS,
-    DFLASH_SPEC,
-    DFLASH_CLASS,
-    DSPARK_SPEC,
-    DSPARK_CLASS,
-)
-"""Every module and class a mutant patches: a test snapshots them to prove that leaving a mutant restores them."""
+"""In the order ``specdec mutate`` runs them, before the installed corpora (``specdec.testing.corpus``)."""

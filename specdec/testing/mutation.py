@@ -24,7 +24,8 @@ from contracts import ContractViolation
 from specdec.backend_registry import factory_for
 from specdec.dp_group import DPCollectiveTimeout
 from specdec.testing.conformance import FamilyResult, run_family
-from specdec.testing.mutants import Mutant, get
+from specdec.testing.corpus import get
+from specdec.testing.mutant import Mutant
 
 INVARIANT_ID = re.compile(r"^[A-Z]+-\d+$")
 DEFAULT_EXAMPLES = 25

@@ -14,7 +14,7 @@ from hypothesis import Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from specdec.backend_registry import factory_for
-from specdec.engine import Engine
+from specdec.engine import RunMetrics
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.speculator import Proposal, Speculator, TargetStep
@@ -23,7 +23,6 @@ from specdec.testing.conformance import (
     FAMILIES,
     MODEL,
     TENSOR_MODES,
-    AcceptanceRewrite,
     Case,
     check_backend,
     family_cases,
@@ -33,12 +32,12 @@ from specdec.testing.conformance import (
 from specdec.testing.dp_run import (
     DPRunSpec,
     RequestSpec,
-    merged,
     plain_outputs,
     plain_reference,
     reference_cache,
     run_in_process,
 )
+from specdec.testing.forced_acceptance import ForcedAcceptance
 
 BUILT_IN = ["eagle", "draft-model", "dflash", "dspark"]
 
@@ -79,8 +78,8 @@ def test_every_family_generates_what_it_names(family: str) -> None:
         assert {c.options["capacity"] for c in cases} == {"threshold", "budget", "full"}
 
 
-def _accept_run(pattern: str) -> Engine:
-    """One greedy request with EAGLE drafts rewritten to ``pattern``; returns the engine for its metrics."""
+def _accept_run(pattern: str) -> RunMetrics:
+    """Two greedy requests with EAGLE drafts rewritten to ``pattern``; returns the run's metrics."""
     spec = DPRunSpec(
         MODEL,
         0,
@@ -90,20 +89,20 @@ def _accept_run(pattern: str) -> Engine:
     )
     plain = plain_outputs(spec)
     sequences = {"a": [1, 2, 3, *plain["a"]], "b": [9, 8, *plain["b"]]}
-    engines: list[Engine] = []
 
-    def hook(engine: Engine) -> None:
-        engine.draft_rewrite = AcceptanceRewrite(pattern, sequences, MODEL.vocab_size, 0)
-        engines.append(engine)
+    def forced(target: Transformer) -> Speculator:
+        assert spec.speculator is not None
+        return ForcedAcceptance(spec.speculator(target), pattern, sequences, MODEL.vocab_size, 0)
 
-    assert merged(run_in_process(dataclasses.replace(spec, engine_hook=hook))) == plain
-    return engines[0]
+    [result] = run_in_process(dataclasses.replace(spec, speculator=forced))
+    assert result.outputs == plain
+    return result.metrics
 
 
 def test_forced_acceptance_patterns_happen_and_stay_lossless() -> None:
-    everything = _accept_run("all-accept").metrics
-    nothing = _accept_run("all-reject").metrics
-    some = _accept_run("random").metrics
+    everything = _accept_run("all-accept")
+    nothing = _accept_run("all-reject")
+    some = _accept_run("random")
     # Every draft inside the plain continuation is accepted; only a request's last step may draft past its end.
     assert everything.drafted > 0 and everything.accepted >= everything.drafted - 2 * 3
     assert everything.acceptance_length > 3.0
@@ -111,9 +110,25 @@ def test_forced_acceptance_patterns_happen_and_stay_lossless() -> None:
     assert 0 < some.accepted < some.drafted
 
 
-def test_acceptance_rewrite_rejects_unknown_patterns() -> None:
+def test_forced_acceptance_rejects_unknown_patterns() -> None:
+    inner = factory_for("eagle")(Transformer(MODEL, seed=0), num_spec_tokens=2)
     with pytest.raises(ValueError, match="all-accept, all-reject or random"):
-        AcceptanceRewrite("most", {}, 10, 0)
+        ForcedAcceptance(inner, "most", {}, 10, 0)
+
+
+def test_forced_acceptance_is_a_speculator_that_delegates_to_its_backend() -> None:
+    inner = factory_for("dspark")(Transformer(MODEL, seed=0), num_spec_tokens=3)
+    forced = ForcedAcceptance(inner, "all-accept", {}, MODEL.vocab_size, 0)
+    assert isinstance(forced, Speculator)
+    assert (forced.name, forced.num_spec_tokens, forced.draft_step_kinds, forced.aux_layers) == (
+        inner.name,
+        inner.num_spec_tokens,
+        inner.draft_step_kinds,
+        inner.aux_layers,
+    )
+    assert forced.capacity == "full" and forced.measure_cost == inner.measure_cost  # the rest is the backend's own
+    with pytest.raises(AttributeError):
+        _ = forced.no_such_attribute
 
 
 @pytest.mark.parametrize("backend", BUILT_IN)

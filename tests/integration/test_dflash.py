@@ -3,7 +3,7 @@
 The follow-up to the motivating vLLM fix: block drafters built their attention
 metadata with ``desc.num_tokens`` (DP pad included) as the attention token
 count; FlashInfer then failed with ``q.shape[0] (52) != qo_indptr[-1] (48)``.
-The pre-fix behaviour is the fault ``block_attention_rows_from_desc``.
+The pre-fix behaviour is the mutant ``dflash-dp-pad-block-attention`` (it patches ``block_attention_rows``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, merged, plain_outputs, run_in_process
 
-FAULT = "block_attention_rows_from_desc"
+PRE_FIX = ("dflash-dp-pad-block-attention",)
 TARGET = ModelConfig.tiny()
 
 
@@ -179,7 +179,7 @@ def moe_dflash(target: Transformer) -> Speculator:
     return DFlashSpeculator(network, num_spec_tokens=3, aux_layers=aux)
 
 
-def uneven_spec(faults: tuple[str, ...] = ()) -> DPRunSpec:
+def uneven_spec(mutants: tuple[str, ...] = ()) -> DPRunSpec:
     counts = [13, 13, 12, 13]
     requests = tuple(
         tuple(RequestSpec(f"r{rank}-{i}", (1 + (i * 7 + rank) % 90, 2 + i % 5), max_tokens=4) for i in range(n))
@@ -191,18 +191,18 @@ def uneven_spec(faults: tuple[str, ...] = ()) -> DPRunSpec:
         capture=CaptureConfig(),  # eager: ranks keep their own counts; the drafter pads model rows to 13 * q
         scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64, max_model_len=128),
     )
-    return DPRunSpec(TARGET, 0, engine, requests, moe_dflash, faults)
+    return DPRunSpec(TARGET, 0, engine, requests, moe_dflash, mutants=mutants)
 
 
 def test_pre_fix_block_drafter_fails_in_attention_without_contracts() -> None:
     with contracts.enforce("off"), pytest.raises(RuntimeError) as info:
-        run_in_process(uneven_spec((FAULT,)))
+        run_in_process(uneven_spec(PRE_FIX))
     assert "q.shape[0] (52) != qo_indptr[-1] (48)" in str(info.value)
 
 
 def test_shape_contracts_name_blk_3_before_attention_runs() -> None:
     with contracts.enforce("shapes"), pytest.raises(ContractViolation) as info:
-        run_in_process(uneven_spec((FAULT,)))
+        run_in_process(uneven_spec(PRE_FIX))
     err = info.value
     assert err.invariant_id == "BLK-3"
     assert err.step_kind == "draft_block" and "dflash" in (err.component or "")

@@ -2,9 +2,9 @@
 
 DP=8, one rank with 12 decode requests while the others have 13; eager steps,
 so each rank's draft model inputs are padded to 13 rows for the MTP layer's
-expert-parallel all-gather. The pre-fix drafter (injected with the fault
-``ar_decode_attention_rows_from_desc``) built its decode metadata for 13
-queries; DeepSeek-V3.2's sparse indexer then failed on the 12-request rank.
+expert-parallel all-gather. The pre-fix drafter (injected with the mutant
+``eagle-dp-pad-decode-attention``, which patches ``decode_attention_rows``) built
+its decode metadata for 13 queries; DeepSeek-V3.2's sparse indexer then failed on the 12-request rank.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from specdec.speculator import Speculator
 from specdec.testing.distributed import DistributedRunError, run_gloo
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_outputs, run_gloo_rank, run_in_process
 
-FAULT = "ar_decode_attention_rows_from_desc"
+PRE_FIX = ("eagle-dp-pad-decode-attention",)
+"""The mutation corpus's pre-fix behaviour, applied in every rank's process (threads or gloo)."""
 TARGET = ModelConfig.tiny()
 
 
@@ -44,7 +45,7 @@ def mtp_speculator(target: Transformer) -> Speculator:
     return AutoregressiveSpeculator(head, num_spec_tokens=3, aux_layers=aux, name="mtp")
 
 
-def spec_for(counts: list[int], faults: tuple[str, ...] = ()) -> DPRunSpec:
+def spec_for(counts: list[int], mutants: tuple[str, ...] = ()) -> DPRunSpec:
     requests = tuple(
         tuple(RequestSpec(f"r{rank}-{i}", (1 + (i * 7 + rank) % 90, 2 + i % 5), max_tokens=4) for i in range(n))
         for rank, n in enumerate(counts)
@@ -55,7 +56,7 @@ def spec_for(counts: list[int], faults: tuple[str, ...] = ()) -> DPRunSpec:
         capture=CaptureConfig(),  # eager: DP ranks keep their own counts; the drafter pads model rows
         scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64, max_model_len=128),
     )
-    return DPRunSpec(TARGET, 0, engine, requests, mtp_speculator, faults)
+    return DPRunSpec(TARGET, 0, engine, requests, mtp_speculator, mutants=mutants)
 
 
 MOTIVATING = [13, 13, 13, 12, 13, 13, 13, 13]
@@ -63,14 +64,14 @@ MOTIVATING = [13, 13, 13, 12, 13, 13, 13, 13]
 
 def test_pre_fix_drafter_crashes_in_the_sparse_indexer_without_contracts() -> None:
     with contracts.enforce("off"), pytest.raises(RuntimeError) as info:
-        run_in_process(spec_for(MOTIVATING, (FAULT,)))
+        run_in_process(spec_for(MOTIVATING, PRE_FIX))
     assert "shape '[12, -1, 64, 128]' is invalid for input of size 106496" in str(info.value)
     assert 106496 == 13 * 64 * 128
 
 
 def test_shape_contracts_name_ar_5_before_attention_runs() -> None:
     with contracts.enforce("shapes"), pytest.raises(ContractViolation) as info:
-        run_in_process(spec_for(MOTIVATING, (FAULT,)))
+        run_in_process(spec_for(MOTIVATING, PRE_FIX))
     err = info.value
     assert err.invariant_id == "AR-5"
     assert err.step_kind == "draft_decode" and "mtp" in (err.component or "")
@@ -92,11 +93,11 @@ def test_fixed_drafter_completes_on_every_rank_and_matches_plain_decoding(mode: 
 def test_same_scenario_over_gloo_processes() -> None:
     counts = [4, 3, 4]
     with pytest.raises(DistributedRunError) as info:
-        run_gloo(3, run_gloo_rank, spec_for(counts, (FAULT,)), timeout_s=4.0, contract_mode="off")
+        run_gloo(3, run_gloo_rank, spec_for(counts, PRE_FIX), timeout_s=4.0, contract_mode="off")
     assert re.search(r"shape '\[3, -1, 64, 128\]' is invalid for input of size 32768", str(info.value.errors[1]))
 
     with pytest.raises(DistributedRunError) as info:
-        run_gloo(3, run_gloo_rank, spec_for(counts, (FAULT,)), timeout_s=4.0, contract_mode="shapes")
+        run_gloo(3, run_gloo_rank, spec_for(counts, PRE_FIX), timeout_s=4.0, contract_mode="shapes")
     violation = info.value.errors[1]
     assert isinstance(violation, ContractViolation) and violation.invariant_id == "AR-5"
 

@@ -7,9 +7,13 @@ without mutants, which must pass, or a catch would prove nothing.
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +21,17 @@ import pytest
 from jaxtyping import config as jaxtyping_config
 from rich.console import Console
 
+import backends.testing.mutants
+import specdec.testing.mutants
+import specdec.verifier
 from contracts import all_invariants
-from specdec import faults
-from specdec.testing import mutation
-from specdec.testing.mutants import BY_NAME, MUTANTS, PATCHED_NAMESPACES, Mutant, get, resolve
+from specdec.testing import corpus, mutation
+from specdec.testing.corpus import get
+from specdec.testing.mutant import Mutant
 from specdec.testing.mutation import MutantResult, is_invariant, main, render_table, run_baseline, run_mutants, summary
 
+MUTANTS = corpus.corpus()
+BY_NAME = {m.name: m for m in MUTANTS}
 EXAMPLES = 8
 """Generated configurations per family: the budget of every mutant here and of the baseline."""
 MAX_EXAMPLES_TO_CATCH = 6
@@ -73,6 +82,70 @@ def test_the_corpus_covers_the_known_bug_patterns() -> None:
         get(["no-such-mutant"])
 
 
+def test_the_corpus_is_the_runtimes_own_then_the_built_in_drafters_from_their_entry_point() -> None:
+    own, built_in = specdec.testing.mutants.MUTANTS, backends.testing.mutants.MUTANTS
+    assert own + built_in == MUTANTS
+    [(source, found)] = [(s, m) for s, m in corpus.sources() if "backends.testing.mutants:MUTANTS" in s]
+    assert found == built_in and corpus.GROUP in source
+    # What patches a drafter lives next to it; the runtime's own mutants run against drafters only by name.
+    assert all(not n.startswith(("target-", "engine-", "verifier-", "dp-")) for n in (m.name for m in built_in))
+    assert {m.name for m in own} >= {"engine-kv-not-rolled-back", "verifier-bonus-dropped", "dp-rank-skips-draft-sync"}
+
+
+THIRD_PARTY_APPLIED: list[str] = []
+
+
+@contextmanager
+def _record(name: str) -> Iterator[None]:
+    THIRD_PARTY_APPLIED.append(name)
+    try:
+        yield
+    finally:
+        THIRD_PARTY_APPLIED.remove(name)
+
+
+THIRD_PARTY = (Mutant("ngram-example", "a third-party bug", "ngram", "dp", "AR-9", lambda: _record("ngram-example")),)
+NOT_MUTANTS = (BY_NAME["verifier-bonus-dropped"], "verifier-bonus-dropped")
+
+
+def _with_entry_points(monkeypatch: pytest.MonkeyPatch, *values: str) -> None:
+    """The installed ``specdec.mutants`` entry points plus ``values`` (names of objects in this module)."""
+    installed = entry_points(group=corpus.GROUP)
+    extra = [EntryPoint(f"extra-{i}", f"{__name__}:{v}", corpus.GROUP) for i, v in enumerate(values)]
+    monkeypatch.setattr(corpus, "entry_points", lambda group: [*installed, *extra] if group == corpus.GROUP else [])
+
+
+def test_a_third_party_corpus_is_found_through_its_entry_point_and_applied_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert "ngram-example" not in {m.name for m in get()}
+    _with_entry_points(monkeypatch, "THIRD_PARTY")
+    assert get()[-1] is THIRD_PARTY[0] and get(["ngram-example"]) == list(THIRD_PARTY)
+    with corpus.injected(("ngram-example", "verifier-bonus-dropped")):
+        assert THIRD_PARTY_APPLIED == ["ngram-example"]
+        assert specdec.verifier.VerifierOutput is not VERIFIER_OUTPUT  # the runtime's own mutant, applied too
+    assert THIRD_PARTY_APPLIED == [] and specdec.verifier.VerifierOutput is VERIFIER_OUTPUT
+
+
+def test_a_mutant_name_claimed_twice_or_a_bad_entry_point_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_entry_points(monkeypatch, "THIRD_PARTY", "THIRD_PARTY_AGAIN")
+    with pytest.raises(ValueError, match=r"'ngram-example' is claimed twice: by entry point extra-0 .* and by"):
+        get()
+    _with_entry_points(monkeypatch, "NOT_MUTANTS")
+    with pytest.raises(TypeError, match=r"holds \['str'\] besides Mutant"):
+        get()
+    _with_entry_points(monkeypatch, "MAX_EXAMPLES_TO_CATCH")
+    with pytest.raises(TypeError, match=r"names a int; expected a sequence of specdec\.testing\.mutant\.Mutant"):
+        get()
+    _with_entry_points(monkeypatch, "NO_SUCH_NAME")
+    with pytest.raises(ImportError, match=r"loading entry point extra-0 .* failed: AttributeError"):
+        get()
+
+
+THIRD_PARTY_AGAIN = THIRD_PARTY
+VERIFIER_OUTPUT = specdec.verifier.VerifierOutput
+
+
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS], ids=[m.name for m in MUTANTS])
 def test_each_mutant_is_caught_by_its_invariant(name: str) -> None:
     [result] = run_mutants([name], examples=EXAMPLES, seed=0)
@@ -91,9 +164,24 @@ def test_the_same_families_without_mutants_pass() -> None:
     assert all(b.examples == EXAMPLES for b in baseline)
 
 
-def _snapshot() -> tuple[dict[str, dict[str, int]], set[str]]:
-    spaces = {path: {k: id(v) for k, v in vars(resolve(path)).items()} for path in PATCHED_NAMESPACES}
-    return spaces, {n for n in faults.KNOWN_FAULTS if faults.active(n)}
+def _namespaces() -> dict[str, object]:
+    """Every loaded module of the three packages and every class defined in one: whatever a mutant may patch."""
+    out: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in ("contracts", "specdec", "backends") or module is None:
+            continue
+        out[name] = module
+        for attr, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == name:
+                out[f"{name}:{attr}"] = value
+    return out
+
+
+NAMESPACES = _namespaces()  # after the corpus was loaded: every module a mutant patches is imported by then
+
+
+def _snapshot() -> dict[str, dict[str, int]]:
+    return {path: {k: id(v) for k, v in vars(space).items()} for path, space in NAMESPACES.items()}
 
 
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS], ids=[m.name for m in MUTANTS])

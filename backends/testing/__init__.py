@@ -1,0 +1,1 @@
+"""Test support for the built-in drafters: their mutation corpus (``backends.testing.mutants``)."""

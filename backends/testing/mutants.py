@@ -1,0 +1,295 @@
+"""The built-in drafters' mutation corpus: realistic bugs in ``backends``' code, each injected at run time.
+
+Published as the ``specdec.mutants`` entry point ``built-in``, so ``specdec
+mutate`` finds it the way it finds a third-party backend's corpus and
+``specdec`` never imports ``backends``. Each mutant wraps a real function or
+method of a drafter (``specdec.testing.mutant``) and perturbs its result the way
+the bug would; ``expected`` is the invariant meant to catch it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import backends.autoregressive.metadata
+import backends.autoregressive.speculator
+import backends.dflash.metadata
+import backends.dflash.speculator
+import backends.dspark.speculator
+from backends.autoregressive.speculator import AutoregressiveSpeculator
+from backends.dflash.speculator import DFlashSpeculator
+from backends.dspark.speculator import DSparkSpeculator
+from contracts import BatchExecutionDescriptor
+from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.testing.mutant import Mutant, together, wrapped
+
+# -- the DP pad in draft attention metadata -------------------------------------------------------------------------
+
+
+def _attention_rows_from_desc(real: Any) -> Any:
+    """Draft attention rows from ``desc.num_tokens`` in every mode: the DP pad counted as queries.
+
+    The pre-fix vLLM behaviour, in the AR decode (the motivating DeepSeek-V3.2
+    DP crash) and in the block drafters (FlashInfer's ``q.shape[0] != qo_indptr[-1]``).
+    """
+
+    def rows(desc: BatchExecutionDescriptor, *args: int) -> int:
+        return desc.num_tokens
+
+    return rows
+
+
+# -- autoregressive drafters ----------------------------------------------------------------------------------------
+
+
+def _decode_metadata_one_behind(real: Any) -> Any:
+    """Step k's metadata built before its position was advanced: seq_lens and the KV slot one behind the query."""
+
+    def build(desc: Any, req_ids: Any, positions: list[int], kv: Any, max_model_len: int, device: torch.device) -> Any:
+        return real(desc, req_ids, [p - 1 for p in positions], kv, max_model_len, device)
+
+    return build
+
+
+def _prefill_on_real_rows(real: Any) -> Any:
+    """The draft prefill runs on the target step cut to its real tokens: ids, positions and hidden states."""
+
+    def prefill(self: Any, step: Any, ctx: Any) -> Any:
+        n, out = step.num_tokens, step.output
+        cut = dataclasses.replace(
+            out, hidden_states=out.hidden_states[:n], aux_hidden_states=tuple(a[:n] for a in out.aux_hidden_states)
+        )
+        return real(
+            self, dataclasses.replace(step, input_ids=step.input_ids[:n], positions=step.positions[:n], output=cut), ctx
+        )
+
+    return prefill
+
+
+def _rows_own_length(real: Any) -> Any:
+    """Padding helpers that pad to their own length: decode inputs stay at the request count, not the DP rows."""
+
+    def pad(values: Any, rows: int, *args: Any) -> Tensor:
+        out: Tensor = real(values, len(values), *args)
+        return out
+
+    return pad
+
+
+def _drawn_before_transform(real: Any) -> Any:
+    """Drafts sampled from the raw softmax while the temperature/top-k/top-p proposal is reported."""
+
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+        drawn, q = real(self, logits, params)
+        if not params or self.argmax_drafts:
+            return drawn, q
+        return sample(logits.float().softmax(-1), self.generator), q
+
+    return draw
+
+
+# -- block drafters (DFlash, DSpark) --------------------------------------------------------------------------------
+
+
+def _context_every_row(real: Any) -> Any:
+    """Context slots for every target row, rejected drafts and finished requests included (no ``p < end``)."""
+
+    def slots(self: Any, step: Any) -> list[int]:
+        out: list[int] = real(self, step)
+        self.kv.ensure_capacities({s.req_id: s.seq_len for s in step.scheduled})
+        row = 0
+        for s in step.scheduled:
+            out[row : row + s.query_len] = self.kv.slot_mapping(s.req_id, range(s.num_computed_tokens, s.seq_len))
+            row += s.query_len
+        return out
+
+    return slots
+
+
+def _block_qsl_padded_requests(real: Any) -> Any:
+    """``query_start_loc = r * q`` for every row: padded requests get q queries instead of none."""
+
+    def build(
+        desc: Any,
+        req_ids: Any,
+        base_positions: Any,
+        q: int,
+        kv: Any,
+        max_model_len: int,
+        device: torch.device,
+    ) -> Any:
+        meta = real(desc, req_ids, base_positions, q, kv, max_model_len, device)
+        qsl = [r * q for r in range(meta.num_reqs_padded + 1)]
+        return dataclasses.replace(
+            meta,
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=meta.query_start_loc.device),
+            query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+        )
+
+    return build
+
+
+def _block_at_last_verified(real: Any) -> Any:
+    """Block positions ``P + j`` instead of ``P + 1 + j``: the block starts on the last verified token."""
+
+    def inputs(self: Any, step: Any, drafting: list[int], rows: int, max_model_len: int) -> tuple[Tensor, Tensor]:
+        ids, positions = real(self, step, drafting, rows, max_model_len)
+        n = len(drafting) * self.query_width
+        positions = positions.clone()
+        positions[:n] -= 1
+        return ids, positions
+
+    return inputs
+
+
+def _markov_from_zero(real: Any) -> Any:
+    """The chain state is initialised to token 0 instead of the anchor."""
+
+    def start(self: Any, anchors: Tensor) -> Tensor:
+        return torch.zeros_like(real(self, anchors))
+
+    return start
+
+
+def _backbone_proposal(real: Any) -> Any:
+    """The verifier gets ``softmax(U_k)`` (through the sampling transform), not the Markov-corrected q."""
+
+    def proposal(self: Any, corrected: Tensor, backbone: Tensor, params: list[SamplingParams]) -> Tensor:
+        real(self, corrected, backbone, params)
+        m, k, vocab = backbone.shape
+        per_row = [p for p in params for _ in range(k)]
+        return probabilities(backbone.float().reshape(m * k, vocab), per_row).view(m, k, vocab)
+
+    return proposal
+
+
+def _right_aligned_mask(real: Any) -> Any:
+    """The capacity mask right-aligned (a left-padding convention): the last ``c`` slots instead of the first."""
+
+    def mask(capacity: Tensor, k: int) -> Tensor:
+        out: Tensor = real(capacity, k).flip(-1)
+        return out
+
+    return mask
+
+
+# -- the corpus -----------------------------------------------------------------------------------------------------
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "eagle-dp-pad-decode-attention",
+        "AR draft decode attention rows from desc.num_tokens, which includes the DP pad (the motivating vLLM bug)",
+        "eagle",
+        "dp",
+        "AR-5",
+        lambda: wrapped(backends.autoregressive.metadata, "decode_attention_rows", _attention_rows_from_desc),
+    ),
+    Mutant(
+        "dflash-dp-pad-block-attention",
+        "DFlash block attention rows from desc.num_tokens outside FULL, DP pad included (the follow-up vLLM bug)",
+        "dflash",
+        "dp",
+        "BLK-3",
+        lambda: wrapped(backends.dflash.metadata, "block_attention_rows", _attention_rows_from_desc),
+    ),
+    Mutant(
+        "dspark-dp-pad-block-attention",
+        "the same DP-padding leak through DSpark's anchor-first block metadata",
+        "dspark",
+        "dp",
+        "BLK-3",
+        lambda: wrapped(backends.dflash.metadata, "block_attention_rows", _attention_rows_from_desc),
+    ),
+    Mutant(
+        "dflash-rejected-context-rows",
+        "DFlash writes the context K/V of rejected draft rows (and finished requests) into the draft cache",
+        "dflash",
+        "dp",
+        "BLK-6",
+        lambda: wrapped(DFlashSpeculator, "_context_slots", _context_every_row),
+    ),
+    Mutant(
+        "dspark-markov-start-wrong-token",
+        "DSpark's Markov chain starts from token 0 instead of the anchor (the bonus just sampled)",
+        "dspark",
+        "dp",
+        "BLK-8",
+        lambda: wrapped(DSparkSpeculator, "_markov_start", _markov_from_zero),
+    ),
+    Mutant(
+        "dspark-backbone-proposal",
+        "DSpark hands the verifier the backbone softmax(U_k) instead of the Markov-corrected q it drew from",
+        "dspark",
+        "sampling",
+        "VER-3",
+        lambda: wrapped(DSparkSpeculator, "_verifier_proposal", _backbone_proposal),
+    ),
+    Mutant(
+        "dspark-capacity-not-prefix",
+        "DSpark's capacity mask right-aligned: the last c slots are proposed, not a prefix",
+        "dspark",
+        "draft-length",
+        "BLK-8",
+        lambda: wrapped(backends.dspark.speculator, "prefix_mask", _right_aligned_mask),
+        # Truncating capacities on every example; the capacity family draws "full" (no truncation) a third of the time.
+        options={"capacity": "threshold", "tau": 0.5},
+    ),
+    Mutant(
+        "draft-model-decode-positions-off-by-one",
+        "AR draft decode step k builds its metadata (seq_lens, KV slot) for position P+k-1, one behind its query",
+        "draft-model",
+        "acceptance",
+        "AR-8",
+        lambda: wrapped(backends.autoregressive.speculator, "build_decode_metadata", _decode_metadata_one_behind),
+    ),
+    Mutant(
+        "eagle-prefill-unpadded",
+        "the EAGLE draft prefill runs on the target's real tokens only, not its padded rows (ids, positions, hidden)",
+        "eagle",
+        "dp",
+        "AR-1",
+        lambda: wrapped(AutoregressiveSpeculator, "_prefill", _prefill_on_real_rows),
+    ),
+    Mutant(
+        "eagle-decode-inputs-unpadded",
+        "EAGLE decode ids, positions and features padded to the request count, not the DP-padded model rows",
+        "eagle",
+        "dp",
+        "AR-6",
+        lambda: together(
+            lambda: wrapped(backends.autoregressive.speculator, "_pad_ids", _rows_own_length),
+            lambda: wrapped(backends.autoregressive.speculator, "padded_rows", _rows_own_length),
+            lambda: wrapped(backends.autoregressive.speculator, "_pad_features", _rows_own_length),
+        ),
+    ),
+    Mutant(
+        "eagle-draft-sampled-before-transform",
+        "EAGLE drafts drawn from the raw softmax while the temperature/top-k/top-p proposal is reported",
+        "eagle",
+        "sampling",
+        "VER-3",
+        lambda: wrapped(AutoregressiveSpeculator, "_draw", _drawn_before_transform),
+    ),
+    Mutant(
+        "dspark-block-qsl-padded-requests",
+        "block query_start_loc gives padded requests q queries instead of zero-length ranges (shared DFlash code)",
+        "dspark",
+        "graph",
+        "BLK-4",
+        lambda: wrapped(backends.dflash.speculator, "build_block_metadata", _block_qsl_padded_requests),
+        # q = K = 1: every capture size can hold a FULL block step, the only kind with padded requests.
+        options={"num_spec_tokens": 1},
+    ),
+    Mutant(
+        "dflash-block-positions-off-by-one",
+        "the DFlash block placed at the last verified position P instead of P + 1",
+        "dflash",
+        "dp",
+        "BLK-5",
+        lambda: wrapped(DFlashSpeculator, "_block_inputs", _block_at_last_verified),
+    ),
+)
