@@ -39,8 +39,12 @@ def _contracts_in_shapes_mode() -> Iterator[None]:
 
 
 KINDS = ("unit", "integration", "real_model", "bench")
-SLOW_KINDS = {"real_model", "bench"}
-"""Kinds whose every test is slow: they load SmolLM2 or run a benchmark end to end."""
+SLOW_KINDS = {"integration", "real_model", "bench"}
+"""Kinds whose every test is slow: whole engine runs, DP ranks, SmolLM2, benchmarks end to end.
+
+``pytest -m "not slow"`` is then the unit tests less the few that train or generate for seconds
+(marked by hand): about a minute on two cores, for the edit-test loop.
+"""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

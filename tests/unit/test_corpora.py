@@ -44,6 +44,7 @@ def test_training_texts_never_contain_a_bench_prompt() -> None:
     assert all(p.text not in body for p in prompt_suite("shakespeare"))
 
 
+@pytest.mark.slow  # trains or generates for seconds: not in the quick subset
 def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> None:
     prompts = code_instruction_prompts()
     assert len(prompts) > 500  # ~1,000 on CPython 3.11

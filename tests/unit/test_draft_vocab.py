@@ -128,6 +128,7 @@ def drafts_seen(speculator: Speculator) -> list[int]:
     return seen
 
 
+@pytest.mark.slow  # six engine runs: not in the quick subset
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_drafts_stay_in_the_vocabulary_and_output_is_unchanged(

@@ -69,6 +69,7 @@ def run(target: Transformer, speculator: Speculator | None) -> tuple[float, dict
     return engine.metrics.acceptance_length, out
 
 
+@pytest.mark.slow  # trains or generates for seconds: not in the quick subset
 def test_dflash_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
     aux = aux_layers(target)
     network = DFlashNetwork(target, num_aux=len(aux), seed=1)
@@ -84,6 +85,7 @@ def test_dflash_training_lowers_loss_and_raises_tau(target: Transformer, sequenc
     assert all(torch.equal(p, frozen[n]) for n, p in target.named_parameters())  # target untouched
 
 
+@pytest.mark.slow  # trains or generates for seconds: not in the quick subset
 def test_dspark_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
     aux = aux_layers(target)
 
@@ -142,6 +144,7 @@ def test_dense_training_forward_drafts_what_the_paged_inference_path_drafts(
             assert logits[1:].argmax(-1).tolist() == drafts, f"anchor {anchor}"
 
 
+@pytest.mark.slow  # trains or generates for seconds: not in the quick subset
 def test_eagle_training_lowers_loss_and_raises_tau(target: Transformer, sequences: Tensor) -> None:
     aux = spread_layers(target.config.num_layers)
 
