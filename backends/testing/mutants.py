@@ -177,9 +177,39 @@ def _right_aligned_mask(real: Any) -> Any:
     return mask
 
 
+# -- padded draft rows writing live KV -------------------------------------------------------------------------------
+
+
+def _padded_decode_rows_write_live_slot(real: Any) -> Any:
+    """Padded model rows of a draft decode step get the first request's slot instead of ``PAD_SLOT_ID``.
+
+    The KV write of a DP-pad or graph-pad row then overwrites a live position of
+    a real request's draft cache: drafts go wrong silently, no kernel complains.
+    """
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        meta = real(*args, **kwargs)
+        slots, n = meta.slot_mapping.clone(), meta.num_tokens
+        if 0 < n < slots.shape[0]:
+            slots[n:] = slots[0]
+        return dataclasses.replace(meta, slot_mapping=slots)
+
+    return build
+
+
 # -- the corpus -----------------------------------------------------------------------------------------------------
 
 MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "eagle-padded-decode-row-writes-live-slot",
+        "padded rows of an AR draft decode step write the first request's slot instead of PAD_SLOT_ID",
+        "eagle",
+        "dp",
+        "KV-3",
+        lambda: wrapped(
+            backends.autoregressive.speculator, "build_decode_metadata", _padded_decode_rows_write_live_slot
+        ),
+    ),
     Mutant(
         "eagle-dp-pad-decode-attention",
         "AR draft decode attention rows from desc.num_tokens, which includes the DP pad (the motivating vLLM bug)",

@@ -142,7 +142,29 @@ def _last_valid_one_early(kw: dict[str, Any]) -> None:
 
 # -- the corpus -----------------------------------------------------------------------------------------------------
 
+
+def _close_keeps_finished(real: Any) -> Any:
+    """The engine's draft-cache commit forgets to free the requests that finished in this step."""
+
+    def close(name: str, cache: Any, step: Any, running: Any) -> None:
+        cache.free = lambda req_id: None  # an instance attribute shadows the method for this call
+        try:
+            real(name, cache, step, running)
+        finally:
+            del cache.free
+
+    return close
+
+
 MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "draft-cache-keeps-finished-requests",
+        "the engine's commit of a draft cache never frees the requests that finished in the step",
+        "dflash",
+        "dp",
+        "KV-4",
+        lambda: wrapped(specdec.speculator, "close_cache", _close_keeps_finished),
+    ),
     Mutant(
         "target-qsl-pad-minus-one",
         "target query_start_loc padded with -1 for padded requests instead of the real token total",
