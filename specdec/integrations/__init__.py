@@ -1,0 +1,1 @@
+"""Adapters that check other engines' speculative-decoding code against the contracts."""
