@@ -249,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--seed", type=int, default=0)
     u.add_argument("--json", metavar="PATH", help="write the results as JSON")
     u.set_defaults(func=_mutate)
+
+    from specdec.integrations.vllm.check import add_parser as add_vllm_check
+
+    add_vllm_check(sub)
     return parser
 
 

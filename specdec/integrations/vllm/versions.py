@@ -1,0 +1,106 @@
+"""What lives where in each supported vLLM release (model runner v2, ``vllm/v1/worker/gpu``).
+
+The hooks and the CPU harness read this table and nothing else about vLLM's
+layout, so supporting a new release is one new row here, checked by running
+``specdec vllm-check`` on it. Releases before 0.29 are left out on purpose: their
+DP sync returned a bare token tensor, not a ``DPSyncState``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GPU = "vllm.v1.worker.gpu"
+SPEC = f"{GPU}.spec_decode"
+
+
+@dataclass(frozen=True)
+class ReleaseLayout:
+    """Module paths, names and conventions of one vLLM release's speculative-decoding code."""
+
+    release: str
+    ar_module: str
+    """The speculator that drafts one token per step with its own forward (EAGLE, MTP, draft models)."""
+    ar_class: str
+    builder: str
+    """The speculator method that builds draft attention metadata (it calls ``build_attn_metadata``)."""
+    sync_kwarg: str
+    """The keyword of ``dispatch_cg_and_sync_dp`` that reuses an earlier DP agreement."""
+    decode_takes_k: bool
+    """Whether ``_multi_step_decode`` takes the step's speculative-token count as a last argument."""
+    attention_tokens_from_desc: bool
+    """True on the releases with the DP-padding bug: draft attention is sized by ``desc.num_tokens`` in every graph mode."""
+    decode_reuses_target_sync: bool = False
+    """Whether draft decode and DFlash reuse the target step's DP agreement instead of running their own collective."""
+    dflash_module: str = f"{SPEC}.dflash.speculator"
+    dspark_module: str = f"{SPEC}.dspark.speculator"
+    base_module: str = f"{SPEC}.speculator"
+    dp_module: str = f"{GPU}.dp_utils"
+    graphs_module: str = f"{GPU}.cudagraph_utils"
+
+    @property
+    def fixed(self) -> bool:
+        return not self.attention_tokens_from_desc
+
+
+_AR_UNTIL_031 = f"{SPEC}.autoregressive.speculator"
+
+LAYOUTS: dict[str, ReleaseLayout] = {
+    layout.release: layout
+    for layout in (
+        ReleaseLayout(
+            "0.29.0",
+            _AR_UNTIL_031,
+            "AutoRegressiveSpeculator",
+            "_build_draft_attn_metadata",
+            "dp_sync",
+            decode_takes_k=False,
+            attention_tokens_from_desc=True,
+        ),
+        ReleaseLayout(
+            "0.30.0",
+            _AR_UNTIL_031,
+            "AutoRegressiveSpeculator",
+            "_build_attn_metadata",
+            "dp_sync",
+            decode_takes_k=False,
+            attention_tokens_from_desc=False,
+        ),
+        ReleaseLayout(
+            "0.31.0",
+            _AR_UNTIL_031,
+            "AutoRegressiveSpeculator",
+            "_build_attn_metadata",
+            "dp_sync",
+            decode_takes_k=False,
+            attention_tokens_from_desc=False,
+        ),
+        ReleaseLayout(
+            "0.32.0",
+            f"{SPEC}.target_dependent_ar.speculator",
+            "TargetDependentARSpeculator",
+            "_build_attn_metadata",
+            "dp_sync_state",
+            decode_takes_k=True,
+            attention_tokens_from_desc=False,
+            decode_reuses_target_sync=True,
+        ),
+    )
+}
+
+SUPPORTED_RELEASES = tuple(LAYOUTS)
+
+
+def normalise(version: str) -> str:
+    """``0.32.0+cpu`` and ``0.32.0.dev3`` name the release ``0.32.0``."""
+    core = version.split("+", 1)[0]
+    parts = core.split(".")
+    return ".".join(parts[:3]) if len(parts) >= 3 else core
+
+
+def layout_for(version: str) -> ReleaseLayout | None:
+    return LAYOUTS.get(normalise(version))
+
+
+def unsupported_reason(version: str) -> str:
+    return f"vLLM {version} is not in specdec's version table; supported releases: {', '.join(SUPPORTED_RELEASES)}"
