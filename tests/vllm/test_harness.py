@@ -1,0 +1,205 @@
+"""vLLM's own draft-step code against the contracts: caught on the buggy release, silent on the fixed ones.
+
+Runs where vLLM is importable (the vLLM environment that ``.ci/vllm-env``
+builds). Other releases' Python files come from ``$SPECDEC_VLLM_RELEASES``
+(``.vllm-releases`` in CI), each checked by ``specdec vllm-check`` in a child
+process, since one process can import one vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environment (see .ci/vllm-env)")
+
+from specdec.integrations.vllm import hooks  # noqa: E402
+from specdec.integrations.vllm.harness.runner import Runner  # noqa: E402
+from specdec.integrations.vllm.harness.scenario import Scenario, matrix  # noqa: E402
+from specdec.integrations.vllm.versions import LAYOUTS, layout_for, normalise  # noqa: E402
+
+BUGGY = "0.29.0"
+INSTALLED = normalise(vllm.__version__)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _releases_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_VLLM_RELEASES", ROOT / ".vllm-releases"))
+
+
+def _release_or_skip(version: str) -> None:
+    if not (_releases_dir() / version / "vllm" / "__init__.py").exists():
+        message = f"vLLM {version} files are not under {_releases_dir()} (.ci/vllm-env installs them)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _vllm_check(version: str, mode: str, tmp_path: Path) -> list[dict[str, Any]]:
+    out = tmp_path / f"{version}-{mode}.json"
+    env = dict(os.environ, SPECDEC_VLLM_RELEASES=str(_releases_dir()))
+    command = [sys.executable, "-m", "specdec.cli.main", "vllm-check", "--vllm-version", version]
+    proc = subprocess.run(
+        [*command, "--contracts", mode, "--json", str(out)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["vllm"] == version
+    return list(data["scenarios"])
+
+
+def _q(scenario: dict[str, Any]) -> int:
+    method, k = scenario["method"], scenario["k"]
+    return 1 if method.startswith("ar") else (k if method == "dspark" else k + 1)
+
+
+def _padded_ranks(scenario: dict[str, Any]) -> list[int]:
+    """Ranks whose real token count is below the largest rank's in a DP-padded step."""
+    reqs = [max(n, 1) for n in scenario["reqs_per_rank"]]
+    return [r for r, n in enumerate(reqs) if n < max(reqs)]
+
+
+@pytest.fixture(scope="module")
+def buggy_shapes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    _release_or_skip(BUGGY)
+    return _vllm_check(BUGGY, "shapes", tmp_path_factory.mktemp("buggy"))
+
+
+def test_buggy_release_dp_pad_is_caught_before_the_forward_with_vllms_values(
+    buggy_shapes: list[dict[str, Any]],
+) -> None:
+    padded = [s for s in buggy_shapes if s["scenario"]["source"] == "dp-padded"]
+    assert padded, "the matrix has DP-padded steps"
+    for s in padded:
+        scenario = s["scenario"]
+        expected = "AR-5" if scenario["method"].startswith("ar") else "BLK-3"
+        q, ranks = _q(scenario), _padded_ranks(scenario)
+        padded_tokens = max(max(n, 1) for n in scenario["reqs_per_rank"]) * q
+        for outcome in s["ranks"]:
+            if outcome["rank"] not in ranks:
+                assert outcome["kind"] == "ok", (s["label"], outcome)
+                continue
+            num_reqs = max(scenario["reqs_per_rank"][outcome["rank"]], 1)
+            assert (outcome["kind"], outcome["invariant"]) == ("violation", expected), (s["label"], outcome)
+            observed = outcome["observed"]
+            assert observed["meta.num_tokens_padded"] == padded_tokens == observed["desc.num_tokens"]
+            assert observed["expected attention tokens"] == num_reqs * q
+            assert observed["num_reqs"] == num_reqs
+
+
+def test_buggy_release_seed_case_values(buggy_shapes: list[dict[str, Any]]) -> None:
+    """The deployment that started the project: a rank with 12 requests in a step padded to 13 tokens."""
+    seed = next(
+        s
+        for s in buggy_shapes
+        if s["scenario"]["method"] == "ar-multi-step"
+        and s["scenario"]["reqs_per_rank"] == [12, 13]
+        and s["scenario"]["source"] == "dp-padded"
+    )
+    rank0 = seed["ranks"][0]
+    assert rank0["invariant"] == "AR-5"
+    assert rank0["observed"] == {
+        "meta.num_reqs_padded": 12,
+        "meta.num_tokens_padded": 13,
+        "expected num_reqs_padded": 12,
+        "expected attention tokens": 12,
+        "desc.num_tokens": 13,
+        "num_reqs": 12,
+    }
+
+
+def test_buggy_release_own_dispatch_has_no_false_positive(buggy_shapes: list[dict[str, Any]]) -> None:
+    """0.29's draft steps run their own DP collective, so eager ranks keep their own count: nothing to flag."""
+    dispatched = [s for s in buggy_shapes if s["scenario"]["source"] == "dispatch"]
+    assert dispatched
+    assert [s["label"] for s in dispatched if s["verdict"] != "ok"] == []
+
+
+def test_buggy_release_with_contracts_off_crashes_in_the_kernel(tmp_path: Path) -> None:
+    _release_or_skip(BUGGY)
+    results = _vllm_check(BUGGY, "off", tmp_path)
+    for s in results:
+        scenario = s["scenario"]
+        ranks = _padded_ranks(scenario) if scenario["source"] == "dp-padded" else []
+        for outcome in s["ranks"]:
+            if outcome["rank"] in ranks:
+                num_reqs = max(scenario["reqs_per_rank"][outcome["rank"]], 1)
+                padded_tokens = max(max(n, 1) for n in scenario["reqs_per_rank"]) * _q(scenario)
+                want = f"q.shape[0] ({padded_tokens}) does not match qo_indptr[-1] ({num_reqs * _q(scenario)})"
+                assert (outcome["kind"], outcome["message"]) == ("kernel", want), (s["label"], outcome)
+            else:
+                assert outcome["kind"] == "ok", (s["label"], outcome)
+
+
+@pytest.mark.parametrize("mode", ["shapes", "full"])
+def test_installed_fixed_release_has_zero_violations_over_the_whole_matrix(mode: str) -> None:
+    layout = layout_for(vllm.__version__)
+    assert layout is not None and layout.fixed, f"the vLLM environment has a fixed release, not {vllm.__version__}"
+    runner = Runner(layout, mode)
+    results = [runner.run(s) for s in matrix()]
+    assert [(r.scenario.label(), r.ranks) for r in results if r.kind != "ok"] == []
+    outcomes = [o.message for r in results for o in r.ranks]
+    assert any(m == "FULL replay" or m.startswith("FULL ") for m in outcomes), "FULL steps are part of the matrix"
+    assert any(m.startswith("NONE num_tokens=13 num_reqs=12") for m in outcomes), "DP-padded eager steps are dispatched"
+
+
+@pytest.mark.parametrize("version", sorted(v for v in LAYOUTS if LAYOUTS[v].fixed and v != INSTALLED))
+def test_other_fixed_releases_have_zero_violations(version: str, tmp_path: Path) -> None:
+    _release_or_skip(version)
+    results = _vllm_check(version, "shapes", tmp_path)
+    assert [s["label"] for s in results if s["verdict"] != "ok"] == []
+
+
+def test_contracts_off_on_the_fixed_release_runs_clean() -> None:
+    runner = Runner(layout_for(vllm.__version__), "off")  # type: ignore[arg-type]
+    results = [runner.run(s) for s in matrix(quick=True)]
+    assert all(r.kind == "ok" for r in results)
+
+
+def test_hooks_install_is_idempotent_and_uninstall_restores() -> None:
+    layout = layout_for(vllm.__version__)
+    assert layout is not None
+    import importlib
+
+    base = importlib.import_module(layout.base_module)
+    original = base.build_attn_metadata
+    first = hooks.install()
+    try:
+        assert first.supported and first.vllm_version == vllm.__version__
+        assert base.build_attn_metadata is not original
+        wrapped = base.build_attn_metadata
+        assert hooks.install() == first
+        assert base.build_attn_metadata is wrapped, "a second install wraps nothing twice"
+        assert any(p.endswith("._multi_step_decode") for p in first.patched)
+        assert any(p.endswith("DFlashSpeculator.propose") for p in first.patched)
+    finally:
+        hooks.uninstall()
+    assert base.build_attn_metadata is original
+
+
+def test_a_dp_rank_that_skips_the_collective_is_named_not_hung() -> None:
+    from specdec.integrations.vllm.harness.dp import CollectiveMismatch, InProcessDPGroup
+
+    import torch
+
+    group = InProcessDPGroup(2, timeout_s=2.0)
+
+    def body(rank: int) -> int:
+        if rank == 0:
+            group.all_reduce(torch.zeros(1))
+        return rank
+
+    results = group.run(body)
+    assert isinstance(results[0], CollectiveMismatch) and results[1] == 1
+
+
+def test_scenario_labels_are_unique() -> None:
+    labels = [s.label() for s in matrix()]
+    assert len(labels) == len(set(labels))
+    assert Scenario("dflash", (12, 13), "NONE", (1, 2), 3, "dp-padded").dp_size == 2
