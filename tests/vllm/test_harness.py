@@ -184,9 +184,9 @@ def test_hooks_install_is_idempotent_and_uninstall_restores() -> None:
 
 
 def test_a_dp_rank_that_skips_the_collective_is_named_not_hung() -> None:
-    from specdec.integrations.vllm.harness.dp import CollectiveMismatch, InProcessDPGroup
-
     import torch
+
+    from specdec.integrations.vllm.harness.dp import CollectiveMismatch, InProcessDPGroup
 
     group = InProcessDPGroup(2, timeout_s=2.0)
 
