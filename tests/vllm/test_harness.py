@@ -203,3 +203,37 @@ def test_scenario_labels_are_unique() -> None:
     labels = [s.label() for s in matrix()]
     assert len(labels) == len(set(labels))
     assert Scenario("dflash", (12, 13), "NONE", (1, 2), 3, "dp-padded").dp_size == 2
+
+
+def test_every_eager_scenario_was_actually_checked_on_every_rank() -> None:
+    """Zero violations means something only if every draft forward went through a check."""
+    runner = Runner(layout_for(vllm.__version__), "shapes")  # type: ignore[arg-type]
+    for result in (runner.run(s) for s in matrix(quick=True)):
+        dp = result.scenario.dp_size
+        assert result.checks.get("descriptor", 0) >= dp, result.scenario.label()
+        if all(o.message in ("eager",) or o.message.startswith("NONE") for o in result.ranks):
+            assert result.checks.get("batch", 0) >= dp, (result.scenario.label(), result.checks)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"), [("ar-multi-step", "AR-5"), ("ar-fused", "AR-5"), ("dflash", "BLK-3"), ("dspark", "BLK-3")]
+)
+def test_the_bug_planted_into_the_fixed_release_is_caught(
+    method: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fixed builder, made to size attention by desc.num_tokens in every graph mode again, is caught."""
+    import dataclasses
+    import importlib
+
+    layout = layout_for(vllm.__version__)
+    assert layout is not None
+    base = importlib.import_module(layout.base_module)
+    full = importlib.import_module("vllm.config.compilation").CUDAGraphMode.FULL
+    builder = base.DraftModelSpeculator._build_attn_metadata
+
+    def buggy(self: Any, *args: Any, batch_desc: Any, **kw: Any) -> Any:
+        return builder(self, *args, batch_desc=dataclasses.replace(batch_desc, cg_mode=full), **kw)
+
+    monkeypatch.setattr(base.DraftModelSpeculator, "_build_attn_metadata", buggy)
+    result = Runner(layout, "shapes").run(Scenario(method, (12, 13), "NONE", (1, 2, 4, 8), 3, "dp-padded"))
+    assert [(o.kind, o.invariant) for o in result.ranks] == [("violation", expected), ("ok", None)]

@@ -164,6 +164,7 @@ def _as_json(release: str, mode: str, results: list[Any]) -> dict[str, Any]:
                 "label": r.scenario.label(),
                 "verdict": r.kind,
                 "invariants": list(r.invariants),
+                "checks": r.checks,
                 "ranks": [asdict(o) for o in r.ranks],
             }
             for r in results

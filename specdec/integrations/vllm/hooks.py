@@ -20,6 +20,7 @@ crash. With contracts ``off`` a wrapper costs one mode read.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import threading
@@ -66,6 +67,13 @@ _LOCAL = threading.local()
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
 _LOCK = threading.Lock()
 _REPORT: HookReport | None = None
+CHECKS: collections.Counter[str] = collections.Counter()
+"""Boundaries checked in this process, by subject (``descriptor``, ``dp``, ``batch``): evidence that checks ran."""
+
+
+def _run(subject: Subject, facts: object, step_kind: StepKind, component: str) -> None:
+    CHECKS[subject.value] += 1
+    check(subject, facts, step_kind=step_kind, component=component)
 
 
 def _stack() -> list[_Step]:
@@ -109,11 +117,11 @@ def _check_dispatch(
     facts = DescriptorFacts(
         desc=desc, num_reqs=int(bound["num_reqs"]), num_tokens=int(bound["num_tokens"]), all_ranks_idle=all_idle
     )
-    check(Subject.DESCRIPTOR, facts, step_kind=kind, component=component)
+    _run(Subject.DESCRIPTOR, facts, kind, component)
     if vllm_sync is not None:
         state = adapter.dp_state(vllm_sync, desc, dp_size)
         dp_facts = DPFacts(state=state, desc=desc, rank=int(bound["dp_rank"]), num_tokens=int(bound["num_tokens"]))
-        check(Subject.DP, dp_facts, step_kind=StepKind.DP_SYNC, component=component)
+        _run(Subject.DP, dp_facts, StepKind.DP_SYNC, component)
 
 
 def _check_batch(step: _Step, common: dict[str, Any], slot_mapping: Any, num_rows: int) -> None:
@@ -137,7 +145,7 @@ def _check_batch(step: _Step, common: dict[str, Any], slot_mapping: Any, num_row
         num_spec_tokens=step.num_spec_tokens,
         block_layout=step.block_layout,
     )
-    check(Subject.BATCH, facts, step_kind=step.kind, component=step.component)
+    _run(Subject.BATCH, facts, step.kind, step.component)
 
 
 def _first_slot_mapping(slot_mappings: Any) -> Any:
@@ -165,7 +173,7 @@ def _wrap_decode(layout: ReleaseLayout, owner: str, name: str, original: Callabl
             num_spec_tokens=int(getattr(self, "num_speculative_steps", 0)) or None,
         )
         facts = DescriptorFacts(desc=adapter.descriptor(batch_desc), num_reqs=int(num_reqs), num_tokens=int(num_reqs))
-        check(Subject.DESCRIPTOR, facts, step_kind=step.kind, component=step.component)
+        _run(Subject.DESCRIPTOR, facts, step.kind, step.component)
         with _open(step):
             return original(self, num_reqs, skip_attn, batch_desc, *rest, **kw)
 

@@ -9,6 +9,7 @@ without capturing, so that ``dispatch`` picks graphs as it does after start-up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ class ScenarioResult:
     scenario: Scenario
     mode: str
     ranks: tuple[RankOutcome, ...]
+    checks: dict[str, int] = field(default_factory=dict)
+    """Boundaries the hooks checked in this scenario, by subject: a scenario that checked nothing proves nothing."""
 
     @property
     def kind(self) -> str:
@@ -251,11 +254,14 @@ class Runner:
         dispatch = self._padded_dispatch(scenario) if scenario.source == "dp-padded" else None
         with self.release.patched(group, dispatch), contracts.enforce(self.mode):
             hooks.install()
+            before = collections.Counter(hooks.CHECKS)
             try:
                 results = group.run(lambda rank: self._rank(scenario, rank))
             finally:
                 hooks.uninstall()
-        return ScenarioResult(scenario, self.mode, tuple(_outcome(r, res) for r, res in enumerate(results)))
+            checks = dict(hooks.CHECKS - before)
+        outcomes = tuple(_outcome(r, res) for r, res in enumerate(results))
+        return ScenarioResult(scenario, self.mode, outcomes, checks)
 
     def _padded_dispatch(self, scenario: Scenario) -> Callable[..., Any]:
         """The DP-padded eager descriptor, with the agreement every rank would hold for it."""
