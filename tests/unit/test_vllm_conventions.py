@@ -372,3 +372,38 @@ def test_idle_dummy_step_passes_desc_5_and_a_skipped_one_fails() -> None:
     passes(Subject.DESCRIPTOR, DescriptorFacts(_none(1, 1), 1, 1, all_ranks_idle=False), StepKind.DP_SYNC)
     passes(Subject.DESCRIPTOR, DescriptorFacts(_none(0, 0), 0, 0, all_ranks_idle=True), StepKind.DP_SYNC)
     fails("DESC-5", Subject.DESCRIPTOR, DescriptorFacts(_none(0, 0), 0, 0, all_ranks_idle=False), StepKind.DP_SYNC)
+
+
+# -- TGT-7: max_query_len as an upper bound ---------------------------------------------------------------------------
+
+
+def target_step(max_query_len: int) -> BatchFacts:
+    """Three requests of 4, 4 and 1 tokens, eager; ``max_query_len`` as the metadata builder reported it."""
+    qsl = torch.tensor([0, 4, 8, 9], dtype=torch.int32)
+    seq = torch.tensor([20, 30, 9], dtype=torch.int32)
+    meta = decode_metadata(3, 3, 9, model_tokens=9)
+    meta = dataclasses.replace(
+        meta,
+        num_tokens=9,
+        max_query_len=max_query_len,
+        seq_lens=seq,
+        seq_lens_cpu=None,
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        slot_mapping=torch.arange(9, dtype=torch.int64) + 100,
+    )
+    return BatchFacts(
+        desc=_none(9, 3),
+        num_reqs=3,
+        num_tokens=9,
+        meta=meta,
+        input_ids=torch.zeros(9, dtype=torch.int64),
+        positions=torch.zeros(9, dtype=torch.int64),
+    )
+
+
+def test_target_max_query_len_upper_bound_passes_and_too_small_is_tgt_7() -> None:
+    """vLLM's adaptive verification reports the scheduled bound (5 here) over a longest query of 4."""
+    passes(Subject.BATCH, target_step(4), StepKind.TARGET)
+    passes(Subject.BATCH, target_step(5), StepKind.TARGET)
+    fails("TGT-7", Subject.BATCH, target_step(1), StepKind.TARGET)
