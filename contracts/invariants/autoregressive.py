@@ -93,26 +93,27 @@ VERIFY_SHAPED = "a verify-shaped (K+1 tokens per request) descriptor was reused 
 )
 def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
-    observed: Observed = {
+    cause = None
+    if d.uniform_token_count not in (None, 1) or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
+        cause = VERIFY_SHAPED
+    elif d.cg_mode.name == "NONE" and d.num_tokens < facts.num_reqs:
+        cause = "draft decode model rows cut below one per request"
+    elif d.cg_mode.name == "NONE" and facts.dp_size == 1 and d.num_tokens != facts.num_reqs:
+        cause = (
+            "eager model rows past the requests with no DP pad to explain them: "
+            "the descriptor of another batch (e.g. the verify step's K+1 tokens per request) was reused"
+        )
+    if cause is None:
+        return None
+    return {
         "cg_mode": d.cg_mode.name,
         "uniform_token_count": d.uniform_token_count,
         "desc.num_reqs": d.num_reqs,
         "desc.num_tokens": d.num_tokens,
         "num_reqs": facts.num_reqs,
         "dp_size": facts.dp_size,
+        "likely_cause": cause,
     }
-    if d.uniform_token_count not in (None, 1) or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
-        return observed
-    if d.cg_mode.name == "NONE":
-        if d.num_tokens < facts.num_reqs:
-            return {**observed, "likely_cause": "draft decode model rows cut below one per request"}
-        if facts.dp_size == 1 and d.num_tokens != facts.num_reqs:
-            return {
-                **observed,
-                "likely_cause": "eager model rows past the requests with no DP pad to explain them: "
-                "the descriptor of another batch (e.g. the verify step's K+1 tokens per request) was reused",
-            }
-    return None
 
 
 @invariant(
