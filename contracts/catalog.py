@@ -40,6 +40,15 @@ def render_markdown() -> str:
         lines.append(f"| {inv.id} | {inv.tag.value} | {inv.statement} | {_kinds(inv)} | {cause} |")
     lines += [
         "",
+        "## Accepted conventions",
+        "",
+        "What a statement allows on purpose, so that a correct engine with another convention",
+        "passes (docs/conventions.md says why for each):",
+        "",
+    ]
+    lines += [f"- **{inv.id}** accepts {inv.accepts}." for inv in invs if inv.accepts]
+    lines += [
+        "",
         "## By step kind",
         "",
         "What a backend's calls are checked against: a drafter declares the step kinds it runs",
@@ -61,4 +70,6 @@ def render_text() -> str:
     for inv in invs:
         out.append(f"{inv.id:<7} [{inv.tag.value}] {inv.statement}")
         out.append(f"        steps: {_kinds(inv)}")
+        if inv.accepts:
+            out.append(f"        accepts: {inv.accepts}")
     return "\n".join(out) + "\n"

@@ -57,7 +57,8 @@ class DPSyncState(BaseModel):
 
     ``num_tokens_across_dp`` holds the token count each rank runs: the common
     padded count unless every rank runs eager, in which case each rank keeps its
-    own unpadded count.
+    own unpadded count, or every rank runs one common pad (a draft step whose
+    collectives need equal rows; DP-2).
     """
 
     model_config = ConfigDict(frozen=True)

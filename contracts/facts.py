@@ -45,7 +45,8 @@ class BatchFacts:
 
     Optional fields are filled by the step kinds that have them: ``target_desc``
     and ``hidden_states`` for draft prefill, ``base_positions``/``draft_step``
-    for draft decode, ``query_width``/``block_layout`` for block drafters.
+    for draft decode, ``query_width``/``block_layout`` for block drafters,
+    ``dp_size`` wherever the caller knows it.
     """
 
     desc: BatchExecutionDescriptor
@@ -66,6 +67,11 @@ class BatchFacts:
     """``"bonus_first"`` (DFlash) or ``"anchor_first"`` (DSpark)."""
     context_slot_mapping: Int[Tensor, " num_context"] | None = None
     context_committed: Bool[Tensor, " num_context"] | None = None
+    dp_size: int | None = None
+    """DP ranks whose collectives this forward joins; 1 means no DP, so no DP pad can explain extra rows (AR-4).
+
+    None when the caller does not say: the checks then accept any DP pad.
+    """
 
 
 @dataclass(frozen=True, eq=False)

@@ -110,6 +110,8 @@ class Invariant:
     check: CheckFn
     likely_cause: str | None = None
     family: str = field(default="")
+    accepts: str | None = None
+    """Legitimate conventions the statement allows on purpose (an eager descriptor without a uniform count, a DP pad, ...)."""
 
 
 REGISTRY: dict[str, Invariant] = {}
@@ -124,6 +126,7 @@ def invariant(
     subject: Subject,
     step_kinds: set[StepKind] | frozenset[StepKind],
     likely_cause: str | None = None,
+    accepts: str | None = None,
 ) -> Callable[[CheckFn], CheckFn]:
     """Register ``check`` under ``id``; the catalog is generated from these entries."""
 
@@ -139,6 +142,7 @@ def invariant(
             check=check,
             likely_cause=likely_cause,
             family=id.split("-")[0],
+            accepts=accepts,
         )
         _INDEX.clear()
         return check

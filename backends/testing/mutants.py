@@ -55,6 +55,30 @@ def _decode_metadata_one_behind(real: Any) -> Any:
     return build
 
 
+def _decode_sync_verify_shaped(real: Any) -> Any:
+    """The AR decode's DP sync sized like the verify step: K + 1 tokens per drafting request instead of one.
+
+    The draft decode then runs on a verify-shaped descriptor (the real bug class
+    AR-4 names); its inputs and metadata follow that descriptor consistently.
+    """
+
+    def decode(self: Any, step: Any, ctx: Any, *args: Any) -> None:
+        q, sync = self.num_spec_tokens + 1, ctx.sync
+
+        def verify_shaped(num_reqs: int, num_tokens: int, uniform_token_count: int | None, **kw: Any) -> Any:
+            if kw.get("purpose") == "draft_decode" and num_reqs:
+                return sync(num_reqs, num_reqs * q, q, **kw)
+            return sync(num_reqs, num_tokens, uniform_token_count, **kw)
+
+        ctx.sync = verify_shaped  # an instance attribute shadows the method for this call
+        try:
+            real(self, step, ctx, *args)
+        finally:
+            del ctx.sync
+
+    return decode
+
+
 def _prefill_on_real_rows(real: Any) -> Any:
     """The draft prefill runs on the target step cut to its real tokens: ids, positions and hidden states."""
 
@@ -275,6 +299,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "acceptance",
         "AR-8",
         lambda: wrapped(backends.autoregressive.speculator, "build_decode_metadata", _decode_metadata_one_behind),
+    ),
+    Mutant(
+        "draft-model-decode-verify-shaped",
+        "the AR draft decode sync is sized like the verify step (K + 1 tokens per request), not one query per request",
+        "draft-model",
+        "acceptance",
+        "AR-4",
+        lambda: wrapped(AutoregressiveSpeculator, "_decode", _decode_sync_verify_shaped),
     ),
     Mutant(
         "eagle-prefill-unpadded",

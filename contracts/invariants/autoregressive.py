@@ -19,21 +19,24 @@ DP_PAD_LEAK = (
 
 @invariant(
     "AR-1",
-    "Draft prefill runs the target's desc.num_tokens tokens and copies the target hidden states at that length.",
+    "Draft prefill runs at least the target's desc.num_tokens rows, and its ids, positions and hidden states have the draft desc.num_tokens rows.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=PREFILL,
     likely_cause="the draft prefill was sized from the real token count, so DP collectives would not line up",
+    accepts="a draft prefill graph that pads further than the target's (its own capture sizes); every target row is still covered",
 )
 def ar_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     target = facts.target_desc
     n = target.num_tokens if target is not None else facts.desc.num_tokens
-    hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else n
-    if facts.desc.num_tokens != n or facts.input_ids.shape[0] != n or hidden != n:
+    rows = facts.desc.num_tokens
+    hidden = facts.hidden_states.shape[0] if facts.hidden_states is not None else rows
+    if rows < n or facts.input_ids.shape[0] != rows or facts.positions.shape[0] != rows or hidden != rows:
         return {
-            "draft desc.num_tokens": facts.desc.num_tokens,
+            "draft desc.num_tokens": rows,
             "target desc.num_tokens": n,
             "len(input_ids)": facts.input_ids.shape[0],
+            "len(positions)": facts.positions.shape[0],
             "hidden rows": hidden,
         }
     return None
@@ -74,23 +77,43 @@ def ar_3(facts: BatchFacts, _: ValueReader) -> Observed | None:
     return None
 
 
+VERIFY_SHAPED = "a verify-shaped (K+1 tokens per request) descriptor was reused for one-query draft decode"
+
+
 @invariant(
     "AR-4",
-    "Draft decode has uniform_token_count == 1 and, under FULL, desc.num_reqs == desc.num_tokens.",
+    "Draft decode runs one query per real request: uniform_token_count is 1 when set; under FULL desc.num_tokens == desc.num_reqs; "
+    "under eager the model rows exceed num_reqs only by a DP pad, so without DP (dp_size 1) desc.num_tokens == num_reqs.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=DECODE,
-    likely_cause="a verify-shaped (K+1 tokens per request) descriptor was reused for one-query draft decode",
+    likely_cause=VERIFY_SHAPED,
+    accepts="an eager (or graph-fallback) descriptor with uniform_token_count None; eager model rows past num_reqs "
+    "when DP is on or dp_size is not given (a pad to the largest rank's count)",
 )
 def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d = facts.desc
-    if d.uniform_token_count != 1 or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
-        return {
-            "uniform_token_count": d.uniform_token_count,
-            "desc.num_reqs": d.num_reqs,
-            "desc.num_tokens": d.num_tokens,
-        }
-    return None
+    cause = None
+    if d.uniform_token_count not in (None, 1) or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
+        cause = VERIFY_SHAPED
+    elif d.cg_mode.name == "NONE" and d.num_tokens < facts.num_reqs:
+        cause = "draft decode model rows cut below one per request"
+    elif d.cg_mode.name == "NONE" and facts.dp_size == 1 and d.num_tokens != facts.num_reqs:
+        cause = (
+            "eager model rows past the requests with no DP pad to explain them: "
+            "the descriptor of another batch (e.g. the verify step's K+1 tokens per request) was reused"
+        )
+    if cause is None:
+        return None
+    return {
+        "cg_mode": d.cg_mode.name,
+        "uniform_token_count": d.uniform_token_count,
+        "desc.num_reqs": d.num_reqs,
+        "desc.num_tokens": d.num_tokens,
+        "num_reqs": facts.num_reqs,
+        "dp_size": facts.dp_size,
+        "likely_cause": cause,
+    }
 
 
 @invariant(

@@ -42,22 +42,33 @@ def blk_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "BLK-2",
-    "A block step with tokens has uniform_token_count == q, and under FULL desc.num_tokens == desc.num_reqs * q (an empty step, where no rank drafts, only injects context).",
+    "A block step with tokens runs q queries per request: uniform_token_count is q when set; under FULL desc.num_tokens == desc.num_reqs * q; "
+    "under eager the model rows are at least num_reqs * q, and exactly that without DP (dp_size 1). An empty step, where no rank drafts, only injects context.",
     tag=Tag.S,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
+    likely_cause="the block step was dispatched for another query width (a one-query or verify-shaped batch)",
+    accepts="an eager (or graph-fallback) descriptor with uniform_token_count None; eager model rows past num_reqs * q "
+    "when DP is on or dp_size is not given (a pad to the largest rank's count)",
 )
 def blk_2(facts: BatchFacts, _: ValueReader) -> Observed | None:
     d, q = facts.desc, _q(facts)
     if d.num_tokens == 0:
         return None
+    queries = facts.num_reqs * q
     full_bad = d.cg_mode.name == "FULL" and d.num_reqs is not None and d.num_tokens != d.num_reqs * q
-    if d.uniform_token_count != q or full_bad:
+    eager_bad = d.cg_mode.name == "NONE" and (
+        d.num_tokens < queries or (facts.dp_size == 1 and d.num_tokens != queries)
+    )
+    if d.uniform_token_count not in (None, q) or full_bad or eager_bad:
         return {
+            "cg_mode": d.cg_mode.name,
             "uniform_token_count": d.uniform_token_count,
             "q": q,
             "desc.num_tokens": d.num_tokens,
             "desc.num_reqs": d.num_reqs,
+            "num_reqs * q": queries,
+            "dp_size": facts.dp_size,
         }
     return None
 
@@ -138,19 +149,27 @@ def blk_5(facts: BatchFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "BLK-6",
-    "Slots are PAD_SLOT_ID for padded query rows and for rejected context rows; block rows are never cached.",
+    "Padded query rows and rejected context rows hold PAD_SLOT_ID; a real block row holds PAD_SLOT_ID or the slot of its own "
+    "(speculative) position in its own request's blocks, never another slot.",
     tag=Tag.D,
     subject=Subject.BATCH,
     step_kinds=BLOCK,
     likely_cause="rejected or padded rows would write into the draft KV cache",
+    accepts="block rows cached at their own positions past the committed context (the next step overwrites them), "
+    "checked when block_size is given; without it every block row must hold PAD_SLOT_ID",
 )
 def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     slots = reader.device(facts.meta.slot_mapping)
-    if slots is not None and any(s != PAD_SLOT_ID for s in slots):
-        return {
-            "block slot_mapping": slots,
-            "problem": "block K/V are discarded after the step; every block row must hold PAD_SLOT_ID",
-        }
+    if slots is not None:
+        wrong = _block_rows_writing_elsewhere(facts, slots, reader)
+        if wrong:
+            return {
+                "(block row, slot) written": wrong,
+                "block slot_mapping": slots,
+                "block_size": facts.block_size,
+                "problem": "a block row may write only its own position's slot in its own request's blocks, "
+                "a padded row none",
+            }
     ctx = reader.device(facts.context_slot_mapping)
     ok = reader.device(facts.context_committed)
     if ctx is None or ok is None:
@@ -159,6 +178,24 @@ def blk_6(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     if bad:
         return {"context rows not committed but written": bad, "context slot_mapping": ctx}
     return None
+
+
+def _block_rows_writing_elsewhere(facts: BatchFacts, slots: list[int], reader: ValueReader) -> list[tuple[int, int]]:
+    """(row, slot) of every block row that writes a slot other than its own position's in its own blocks."""
+    live = [(row, s) for row, s in enumerate(slots) if s != PAD_SLOT_ID]
+    q, bs = _q(facts), facts.block_size
+    if not live or bs is None or q <= 0:
+        return live
+    pos, table = reader.device(facts.positions), reader.device(facts.meta.block_table)
+    if pos is None or table is None:
+        return live
+    wrong = []
+    for row, s in live:
+        r, p = row // q, pos[row] if row < len(pos) else -1
+        own = r < facts.num_reqs and p >= 0 and p // bs < len(table[r]) and s == table[r][p // bs] * bs + p % bs
+        if not own:
+            wrong.append((row, s))
+    return wrong
 
 
 @invariant(

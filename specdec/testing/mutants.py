@@ -113,25 +113,6 @@ def _idle_rank_skips_sync(real: Any) -> Any:
     return sync
 
 
-def _decode_sync_without_uniform(real: Any) -> Any:
-    """The draft decode sync does not say its batch is uniform (one query per request), as a target step would."""
-
-    def sync(
-        self: Any,
-        num_reqs: int,
-        num_tokens: int,
-        uniform_token_count: int | None,
-        *,
-        allow_piecewise: bool,
-        purpose: str,
-    ) -> Any:
-        if purpose == "draft_decode":
-            uniform_token_count = None
-        return real(self, num_reqs, num_tokens, uniform_token_count, allow_piecewise=allow_piecewise, purpose=purpose)
-
-    return sync
-
-
 # -- the target step handed to the drafter --------------------------------------------------------------------------
 
 
@@ -220,14 +201,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "dp",
         "KV-2",
         lambda: wrapped(specdec.speculator, "KVCacheManager", _no_rollback),
-    ),
-    Mutant(
-        "draft-model-decode-not-uniform",
-        "the AR draft decode sync passes no uniform token count (one query per request), as a target step does",
-        "draft-model",
-        "acceptance",
-        "AR-4",
-        lambda: wrapped(DraftContext, "sync", _decode_sync_without_uniform),
     ),
     Mutant(
         "engine-last-valid-off-by-one",
