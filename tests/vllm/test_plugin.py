@@ -201,3 +201,20 @@ def test_an_invalid_contract_mode_is_reported_and_does_not_raise(tmp_path: Path)
     assert line["contracts"] == "ful"
     assert "SPECDEC_CONTRACTS='ful' is not a contract mode" in line["error"]
     assert line["patched"] == []
+
+
+def test_a_bug_in_the_plugin_itself_is_logged_not_raised(
+    report_file: Path,
+    fake_hooks: Callable[[HookReport | Exception], FakeHooks],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken_log(outcome: plugin.PluginOutcome) -> None:
+        raise KeyError("planted plugin bug")
+
+    monkeypatch.setattr(plugin, "_log", broken_log)
+    fake_hooks(SUPPORTED)
+    plugin.register()
+    [record] = plugin_records(caplog)
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert record.exc_info[1] is not None and "planted plugin bug" in str(record.exc_info[1])
