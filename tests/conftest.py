@@ -38,8 +38,8 @@ def _contracts_in_shapes_mode() -> Iterator[None]:
         yield
 
 
-KINDS = ("unit", "integration", "real_model", "bench")
-SLOW_KINDS = {"integration", "real_model", "bench"}
+KINDS = ("unit", "integration", "real_model", "bench", "with_vllm")
+SLOW_KINDS = {"integration", "real_model", "bench", "with_vllm"}
 """Kinds whose every test is slow: whole engine runs, DP ranks, SmolLM2, benchmarks end to end.
 
 ``pytest -m "not slow"`` is then the unit tests less the few that train or generate for seconds

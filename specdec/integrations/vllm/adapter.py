@@ -104,6 +104,7 @@ def batch_facts(
     max_model_len: int | None = None,
     num_spec_tokens: int | None = None,
     block_layout: str | None = None,
+    dp_size: int | None = None,
 ) -> BatchFacts:
     return BatchFacts(
         desc=desc,
@@ -116,4 +117,5 @@ def batch_facts(
         max_model_len=max_model_len,
         num_spec_tokens=num_spec_tokens,
         block_layout=block_layout,
+        dp_size=dp_size,
     )

@@ -144,6 +144,7 @@ def _check_batch(step: _Step, common: dict[str, Any], slot_mapping: Any, num_row
         max_model_len=getattr(spec, "max_model_len", None),
         num_spec_tokens=step.num_spec_tokens,
         block_layout=step.block_layout,
+        dp_size=getattr(spec, "dp_size", None),
     )
     _run(Subject.BATCH, facts, step.kind, step.component)
 
