@@ -26,6 +26,7 @@ _EXPORTS = {
     "ScheduledRequest": "specdec.attn_metadata",
     "SchedulerConfig": "specdec.scheduler",
     "Speculator": "specdec.speculator",
+    "StepKindError": "specdec.draft_step_kinds",
     "TargetStep": "specdec.speculator",
     "Transformer": "specdec.nn.transformer",
 }
@@ -43,6 +44,7 @@ __all__ = [
     "ScheduledRequest",
     "SchedulerConfig",
     "Speculator",
+    "StepKindError",
     "TargetStep",
     "Transformer",
     "__version__",
@@ -50,6 +52,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from specdec.attn_metadata import ScheduledRequest
+    from specdec.draft_step_kinds import StepKindError
     from specdec.engine import Engine, EngineConfig, RunMetrics
     from specdec.nn.config import ModelConfig
     from specdec.nn.transformer import Transformer

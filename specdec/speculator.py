@@ -34,6 +34,7 @@ from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.draft_caches import close_cache, open_cache, release
+from specdec.draft_step_kinds import declared_step_kinds, forward_step_kind
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import ModelOutput, Transformer
@@ -165,7 +166,7 @@ class DraftContext:
         self,
         *,
         backend: str,
-        step_kinds: frozenset[StepKind],
+        step_kinds: object,
         capture: CaptureConfig,
         dp_group: DPGroup | None,
         block_size: int,
@@ -174,7 +175,8 @@ class DraftContext:
         max_num_seqs: int,
     ) -> None:
         self.backend = backend
-        self.step_kinds = step_kinds
+        self.step_kinds = declared_step_kinds(backend, step_kinds)
+        """Validated here, before the drafter is bound: a kind the registry does not know is a ``StepKindError``."""
         self.capture = capture
         self.dp_group = dp_group
         self.block_size = block_size
@@ -242,12 +244,9 @@ class DraftContext:
         )
 
     def check_batch(self, step_kind: StepKind, facts: BatchFacts) -> None:
-        if step_kind not in self.step_kinds:
-            raise ValueError(
-                f"backend {self.backend!r} ran a {step_kind.value} forward but declared only "
-                f"{sorted(k.value for k in self.step_kinds)}"
-            )
-        check(Subject.BATCH, facts, step_kind=step_kind, component="draft forward", backend=self.backend)
+        """Check ``facts`` against every invariant of ``step_kind``, a draft kind this drafter declared."""
+        kind = forward_step_kind(self.backend, step_kind, self.step_kinds)
+        check(Subject.BATCH, facts, step_kind=kind, component="draft forward", backend=self.backend)
 
     def forward(
         self,

@@ -84,10 +84,15 @@ class ConformanceItem(pytest.Item):
         )
         if result.skipped:
             pytest.skip(f"{self.family}[{self.mode}]: {result.skipped}")
+        self.user_properties.append(("draft_forward_evaluations", result.draft_forward_evaluations))
         if not result.passed:
+            where = (
+                f"at generated example {result.first_failure_example} of {result.examples}"
+                if result.first_failure_example is not None
+                else f"over its {result.examples} generated examples"
+            )
             raise ConformanceFailure(
-                f"{self.backend} failed family {self.family!r} ({self.mode}) at generated example "
-                f"{result.first_failure_example} of {result.examples}: {result.first_failure}"
+                f"{self.backend} failed family {self.family!r} ({self.mode}) {where}: {result.first_failure}"
             )
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:

@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 import contracts
 from contracts import ContractViolation, CUDAGraphMode
+from contracts.tally import tallying
 from specdec.backend_registry import names_option
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
@@ -49,9 +50,18 @@ from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
-from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
-from specdec.testing.dp_run import DPRunSpec, RequestSpec, merged, plain_reference, run_in_process, shared_target
+from specdec.speculator import DraftContext, Speculator, TargetStep, check_proposal
+from specdec.testing.dp_run import (
+    DPRunSpec,
+    RankResult,
+    RequestSpec,
+    merged,
+    plain_reference,
+    run_in_process,
+    shared_target,
+)
 from specdec.testing.forced_acceptance import ForcedAcceptance
+from specdec.testing.forward_coverage import UNCHECKED_FORWARDS, ForwardCoverage, ObservedSpeculator
 from specdec.testing.meta_memo import MetaMemo
 
 Factory = Callable[..., Speculator]
@@ -103,19 +113,47 @@ class Outcome:
 
 
 def run_case(
-    factory: Factory, case: Case, *, tensor_mode: str = "cpu", mode: str = "full", timeout_s: float = 20.0
+    factory: Factory,
+    case: Case,
+    *,
+    tensor_mode: str = "cpu",
+    mode: str = "full",
+    timeout_s: float = 20.0,
+    coverage: ForwardCoverage | None = None,
 ) -> Outcome:
-    """Run one configuration on every rank; compare greedy outputs with plain decoding (and replay on fake cuda)."""
-    recorders: list[_Recorder] = []
+    """Run one configuration on every rank; compare greedy outputs with plain decoding (and replay on fake cuda).
+
+    ``coverage`` gathers what the backend declared and drafted and the
+    invariant evaluations of the run and its replay (``forward_coverage``).
+    """
+    recorders: list[ObservedSpeculator] = []
 
     def build(target: Transformer) -> Speculator:
-        speculator = factory(target, **case.options)
-        if tensor_mode != "fake-cuda":
-            return speculator
-        recorder = _Recorder(speculator)
+        recorder = ObservedSpeculator(factory(target, **case.options), record_calls=tensor_mode == "fake-cuda")
         recorders.append(recorder)
         return recorder
 
+    def counting() -> contextlib.AbstractContextManager[object]:
+        """The backend's runs are counted; the plain reference's checks are no evidence about the backend."""
+        return tallying(coverage.tally) if coverage is not None else contextlib.nullcontext()
+
+    outcome, results = _run_and_replay(factory, case, build, recorders, counting, tensor_mode, mode, timeout_s)
+    if coverage is not None:
+        coverage.observe(recorders, sum(r.metrics.drafted for r in results))
+    return outcome
+
+
+def _run_and_replay(
+    factory: Factory,
+    case: Case,
+    build: Callable[[Transformer], Speculator],
+    recorders: list[ObservedSpeculator],
+    counting: Callable[[], contextlib.AbstractContextManager[object]],
+    tensor_mode: str,
+    mode: str,
+    timeout_s: float,
+) -> tuple[Outcome, list[RankResult]]:
+    """``run_case``'s work: the outcome, and the ranks' results when the speculative run finished."""
     device = "cuda" if tensor_mode == "cuda" else "cpu"
     spec = dataclasses.replace(case.run, speculator=build, device=device)
     # The fake-cuda example's CPU run only records calls for the replay: the cpu mode already checks values and
@@ -124,6 +162,7 @@ def run_case(
     if replaying:
         mode = "shapes"
     plain: dict[str, list[int]] | None = None
+    results: list[RankResult] = []
     try:
         with contracts.enforce(mode):  # the plain reference is judged by the same contracts, inside the same guard
             if not replaying or case.acceptance is not None:
@@ -137,61 +176,38 @@ def run_case(
                     return ForcedAcceptance(build(target), pattern, sequences, vocab, seed)
 
                 spec = dataclasses.replace(spec, speculator=forced)
-            results = run_in_process(spec, timeout_s=timeout_s)
+            with counting():
+                results = run_in_process(spec, timeout_s=timeout_s)
     except ContractViolation as e:
-        return Outcome(False, e.invariant_id, str(e))
+        return Outcome(False, e.invariant_id, str(e)), results
     except DPCollectiveTimeout as e:
-        return Outcome(False, "DPCollectiveTimeout", str(e))
+        return Outcome(False, "DPCollectiveTimeout", str(e)), results
     except Exception as e:  # a crash is a finding too: report it, do not hide it
-        return Outcome(False, type(e).__name__, "".join(traceback.format_exception_only(e)).strip())
+        return Outcome(False, type(e).__name__, "".join(traceback.format_exception_only(e)).strip()), results
     if tensor_mode == "fake-cuda":
         by_rank = sorted(recorders, key=lambda r: r.rank)  # rank threads build their recorders in any order
         try:
-            replay_on_fake_cuda(factory, case, [r.events for r in by_rank], timeout_s)
+            with counting():
+                replay_on_fake_cuda(factory, case, [r.events for r in by_rank], timeout_s)
         except ContractViolation as e:
-            return Outcome(False, e.invariant_id, f"fake-cuda replay: {e}")
+            return Outcome(False, e.invariant_id, f"fake-cuda replay: {e}"), results
         except Exception as e:
-            return Outcome(
-                False, type(e).__name__, "fake-cuda replay: " + "".join(traceback.format_exception_only(e)).strip()
-            )
+            message = "fake-cuda replay: " + "".join(traceback.format_exception_only(e)).strip()
+            return Outcome(False, type(e).__name__, message), results
     out = merged(results)
     if plain is None:
-        return Outcome(True)
+        return Outcome(True), results
     greedy = {r.req_id for rank in spec.requests for r in rank if r.params.greedy}
     wrong = sorted(rid for rid in greedy if out.get(rid) != plain.get(rid))
     missing = sorted({r.req_id for rank in spec.requests for r in rank} - set(out))
     if wrong or missing:
         detail = "; ".join(f"{rid}: {out.get(rid)} != plain {plain.get(rid)}" for rid in wrong[:3])
-        return Outcome(False, "mismatch", f"requests {wrong} differ from plain decoding, {missing} lost. {detail}")
-    return Outcome(True)
+        message = f"requests {wrong} differ from plain decoding, {missing} lost. {detail}"
+        return Outcome(False, "mismatch", message), results
+    return Outcome(True), results
 
 
 # -- fake CUDA: replay the engine's calls into a backend bound to a fake-cuda target -----------------------------
-
-
-class _Recorder:
-    """Passes every call through to the backend and keeps the (propose / finish) calls for a replay."""
-
-    def __init__(self, inner: Speculator) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.num_spec_tokens = inner.num_spec_tokens
-        self.draft_step_kinds = inner.draft_step_kinds
-        self.aux_layers = inner.aux_layers
-        self.events: list[tuple[str, Any]] = []
-        self.rank = 0
-
-    def bind(self, target: Transformer, ctx: DraftContext) -> None:
-        self.rank = ctx.dp_group.rank if ctx.dp_group is not None else 0
-        self.inner.bind(target, ctx)
-
-    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        self.events.append(("propose", step))
-        return self.inner.propose(step, ctx)
-
-    def finish(self, req_id: str) -> None:
-        self.events.append(("finish", req_id))
-        self.inner.finish(req_id)
 
 
 class _HostSyncContext(DraftContext):
@@ -432,7 +448,14 @@ class FamilyResult:
     """Invariant IDs (or ``mismatch`` / exception types) of failing examples, in the order they failed."""
     first_failure: str | None = None
     first_failure_example: int | None = None
-    """1-based index of the first failing example."""
+    """1-based index of the first failing example (None for a failure of the whole family, ``unchecked-forwards``)."""
+    evaluations: dict[str, int] = field(default_factory=dict)
+    """Invariant evaluations per step kind in the backend's runs (and replays), every subject together."""
+    draft_forward_evaluations: dict[str, int] = field(default_factory=dict)
+    """Of those, the checks of draft forwards, per draft step kind: zero for a drafter that drafted fails the family."""
+    declared_step_kinds: list[str] = field(default_factory=list)
+    drafted: int = 0
+    """Drafts the engine verified over the family's examples."""
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     """CPU time of this process over the cell (all its threads): the cost, whatever else shares the machine."""
@@ -506,6 +529,7 @@ def run_family(
         pass
 
     stopped: list[bool] = []
+    coverage = ForwardCoverage()
 
     @settings(
         max_examples=examples,
@@ -523,7 +547,7 @@ def run_family(
         if stopped:
             raise _Stop
         result.examples += 1
-        outcome = run_case(factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s)
+        outcome = run_case(factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s, coverage=coverage)
         if not outcome.ok:
             result.failures += 1
             result.caught_by.append(outcome.caught_by or "?")
@@ -538,9 +562,25 @@ def run_family(
 
     with contextlib.suppress(_Stop):
         explore()
+    _judge_coverage(result, coverage)
     result.seconds = time.perf_counter() - start
     result.cpu_seconds = time.process_time() - cpu_start
     return result
+
+
+def _judge_coverage(result: FamilyResult, coverage: ForwardCoverage) -> None:
+    """Copy the family's evidence into ``result``; fail it where the backend drafted but no forward was checked."""
+    result.evaluations = coverage.evaluations
+    result.draft_forward_evaluations = coverage.draft_forward_evaluations
+    result.declared_step_kinds = sorted(coverage.declared_step_kinds)
+    result.drafted = coverage.drafted
+    unchecked = coverage.unchecked()
+    if unchecked is None:
+        return
+    result.failures += 1
+    result.caught_by.append(UNCHECKED_FORWARDS)
+    if result.first_failure is None:
+        result.first_failure = f"{UNCHECKED_FORWARDS}: {unchecked}\n  over all {result.examples} examples"
 
 
 def check_backend(

@@ -212,8 +212,12 @@ def junit_xml(reports: Sequence[tuple[ConformanceReport, float]]) -> str:
                 name=f"{r.family}[{r.tensor_mode}]",
                 time=f"{r.seconds:.3f}",
             )
+            checked = sum(r.draft_forward_evaluations.values())
             ElementTree.SubElement(case, "properties").extend(
-                [ElementTree.Element("property", name="examples", value=str(r.examples))]
+                [
+                    ElementTree.Element("property", name="examples", value=str(r.examples)),
+                    ElementTree.Element("property", name="draft_forward_evaluations", value=str(checked)),
+                ]
             )
             if r.skipped:
                 ElementTree.SubElement(case, "skipped", message=r.skipped)
@@ -264,9 +268,8 @@ def main(
         )
         for r in report.results:
             if r.first_failure:
-                console.print(
-                    f"  [red]{r.family}[{r.tensor_mode}][/red] first failure (example {r.first_failure_example}): {r.first_failure}"
-                )
+                at = f"example {r.first_failure_example}" if r.first_failure_example is not None else "whole family"
+                console.print(f"  [red]{r.family}[{r.tensor_mode}][/red] first failure ({at}): {r.first_failure}")
     payload: dict[str, Any] = {
         "seed": seed,
         "examples_per_family": examples,
