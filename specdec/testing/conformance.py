@@ -10,7 +10,10 @@ forced acceptance patterns (``ForcedAcceptance``), sampled requests, and
 example runs every rank's engine with contracts enforced and, for greedy
 requests, compares the output with plain decoding token for token. The report says, per family and tensor
 mode, how many examples were tried and which invariant (or mismatch, or
-crash) the first failing one hit.
+crash) the first failing one hit. It also counts the invariant evaluations
+per step kind, and a family in which a drafting backend's forwards met no
+invariant fails as ``unchecked-forwards`` (``forward_coverage``): a pass that
+checked nothing is not a pass.
 
 Tensor modes: ``cpu`` runs real CPU tensors in ``full`` contract mode (value
 contracts and exact losslessness); ``fake-cuda`` runs the CPU example while
