@@ -18,6 +18,16 @@ class CUDAGraphMode(enum.IntEnum):
     FULL = 2
 
 
+def _mode_name(mode: object) -> str:
+    """The mode's name; a repr must not fail even on an object built past the validators."""
+    name = getattr(mode, "name", None)
+    return name if isinstance(name, str) else repr(mode)
+
+
+def _as_list(counts: object) -> object:
+    return list(counts) if isinstance(counts, (tuple, list)) else counts
+
+
 class BatchExecutionDescriptor(BaseModel):
     """The padded shape of one forward pass.
 
@@ -52,7 +62,7 @@ class BatchExecutionDescriptor(BaseModel):
 
     def __repr__(self) -> str:
         return (
-            f"BatchExecutionDescriptor(cg_mode={self.cg_mode.name}, num_tokens={self.num_tokens}, "
+            f"BatchExecutionDescriptor(cg_mode={_mode_name(self.cg_mode)}, num_tokens={self.num_tokens}, "
             f"num_reqs={self.num_reqs}, uniform_token_count={self.uniform_token_count})"
         )
 
@@ -110,7 +120,7 @@ class DPSyncState(BaseModel):
 
     def __repr__(self) -> str:
         return (
-            f"DPSyncState(dp_size={self.dp_size}, cg_mode={self.cg_mode.name}, "
-            f"num_tokens_across_dp={list(self.num_tokens_across_dp)}, "
+            f"DPSyncState(dp_size={self.dp_size}, cg_mode={_mode_name(self.cg_mode)}, "
+            f"num_tokens_across_dp={_as_list(self.num_tokens_across_dp)!r}, "
             f"uniform_token_count={self.uniform_token_count}, collective_seq={self.collective_seq})"
         )
