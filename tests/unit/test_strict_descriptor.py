@@ -21,7 +21,7 @@ def test_a_count_that_is_not_an_int_is_refused(count: Any) -> None:
 
 
 def test_a_misspelled_field_is_an_error_not_dropped() -> None:
-    with pytest.raises(ValidationError, match="num_req\n.*Extra inputs are not permitted"):
+    with pytest.raises(ValidationError, match=r"num_req\n.*Extra inputs are not permitted"):
         BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=4, num_req=4)  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="dp_rank"):
         DPSyncState(dp_size=1, cg_mode=CUDAGraphMode.NONE, num_tokens_across_dp=(4,), dp_rank=0)  # type: ignore[call-arg]
