@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from contracts.registry import StepKind, Subject, ValueReader, invariants_for, violation
+from contracts.registry import StepKind, Subject, ValueReader, check_crashed, invariants_for, violation
 from contracts.tally import record
+from contracts.violation import ContractViolation
 
 ENV_VAR = "SPECDEC_CONTRACTS"
 
@@ -86,7 +87,9 @@ def check(
     """Run every invariant about ``subject`` that applies to ``step_kind``.
 
     Raises ``ContractViolation`` for the first broken one, in catalog order, so
-    the most basic cause is named first.
+    the most basic cause is named first. A check that raises anything else
+    (a subject too malformed to inspect: a short tensor, a string count) is
+    reported as a violation of that invariant naming the exception.
     """
     mode = _SETTING.mode
     if mode is Mode.OFF:
@@ -97,7 +100,12 @@ def check(
     for inv in invariants_for(subject, step_kind):
         if inv.tag.needs_full and not full:
             continue
-        observed = inv.check(facts, reader)
+        try:
+            observed = inv.check(facts, reader)
+        except ContractViolation:
+            raise
+        except Exception as exc:  # a malformed subject: reported as this invariant, never as a crash
+            observed = check_crashed(exc)
         if observed is not None:
             cause = observed.pop("likely_cause", None)
             raise violation(

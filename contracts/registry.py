@@ -114,6 +114,22 @@ class Invariant:
     """Legitimate conventions the statement allows on purpose (an eager descriptor without a uniform count, a DP pad, ...)."""
 
 
+def check_crashed(exc: Exception) -> Observed:
+    """What a violation reports when its check could not even inspect the subject.
+
+    The exception's type and message are kept, so a malformed value built by
+    specdec itself is still traced to its source rather than hidden.
+    """
+    message = str(exc)
+    if len(message) > 300:
+        message = message[:300] + f"... ({len(message)} characters)"
+    return {
+        "check raised": f"{type(exc).__name__}: {message}",
+        "likely_cause": "the subject is malformed (a wrong length, rank, type or dtype), so the check could not "
+        "inspect it; the exception above says which value",
+    }
+
+
 REGISTRY: dict[str, Invariant] = {}
 _INDEX: dict[tuple[Subject, StepKind], tuple[Invariant, ...]] = {}
 
@@ -168,7 +184,7 @@ def all_invariants() -> Iterator[Invariant]:
     return iter(sorted(REGISTRY.values(), key=_catalog_order))
 
 
-_FAMILY_ORDER = ["DESC", "DP", "TGT", "AR", "BLK", "VER", "KV"]
+_FAMILY_ORDER = ["DESC", "DP", "IN", "TGT", "AR", "BLK", "VER", "KV"]
 
 
 def _catalog_order(inv: Invariant) -> tuple[int, int, str]:

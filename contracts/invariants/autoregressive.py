@@ -219,11 +219,11 @@ def ar_8(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     likely_cause="draft tokens were sampled for padded requests or K was taken from another config",
 )
 def ar_9(facts: ProposalFacts, _: ValueReader) -> Observed | None:
-    rows, cols = facts.draft_token_ids.shape
+    shape = tuple(facts.draft_token_ids.shape)
     padded = facts.desc.num_reqs_padded(facts.num_reqs)
-    if cols != facts.num_spec_tokens or rows not in (facts.num_reqs, padded):
+    if len(shape) != 2 or shape[1] != facts.num_spec_tokens or shape[0] not in (facts.num_reqs, padded):
         return {
-            "draft_token_ids.shape": (rows, cols),
+            "draft_token_ids.shape": shape,
             "num_reqs": facts.num_reqs,
             "num_reqs_padded": padded,
             "K": facts.num_spec_tokens,

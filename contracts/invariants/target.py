@@ -112,6 +112,13 @@ def tgt_3(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     qsl, _ = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
     if seq is None or qsl is None:
         return None
+    if len(seq) != rows or len(qsl) != rows + 1:
+        return {
+            "seq_lens": seq,
+            "query_start_loc": qsl,
+            "num_reqs_padded": rows,
+            "problem": "a host mirror is sized wrongly",
+        }
     n = facts.num_reqs
     if any(s != 0 for s in seq[n:]):
         return {"seq_lens": seq, "problem": "padded requests must have seq_len 0"}

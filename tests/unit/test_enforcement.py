@@ -119,10 +119,16 @@ def test_context_manager_restores_previous_mode_after_errors() -> None:
 def test_block_facts_pass_under_fake_tensors_in_shapes_mode() -> None:
     facts = block_facts()
     with FakeTensorMode(allow_non_fake_inputs=True):
+        meta = facts.meta
+        on_device = {
+            name: torch.empty(getattr(meta, name).shape, dtype=torch.int64, device="cuda")
+            for name in ("seq_lens", "query_start_loc", "block_table", "slot_mapping")
+        }
         cuda = dataclasses.replace(
             facts,
             positions=torch.empty(48, dtype=torch.int64, device="cuda"),
             input_ids=torch.empty(48, dtype=torch.int64, device="cuda"),
+            meta=dataclasses.replace(meta, **on_device),  # host mirrors stay on the host (IN-2)
         )
         with contracts.enforce("shapes"):
             check(Subject.BATCH, cuda, step_kind=StepKind.DRAFT_BLOCK, component="fake")
