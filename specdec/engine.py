@@ -31,7 +31,7 @@ from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
-from specdec.verifier import verify
+from specdec.verifier import NonFiniteLogitsError, verify
 
 
 @dataclass(frozen=True)
@@ -357,6 +357,8 @@ class Engine:
         accepted: dict[int, int] = {}
         for i, r in enumerate(sampling):
             a = num_accepted[i]
+            if tokens[i][a] == REJECTED_TOKEN_ID:  # the verifier could draw no token: non-finite target logits
+                raise NonFiniteLogitsError(items[r].request.req_id)
             accepted[r] = a
             emitted[r] = tokens[i][: a + 1]
         return emitted, accepted

@@ -13,10 +13,29 @@ from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float, Int
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
 
-__all__ = ["SamplingParams", "probabilities", "sample"]
+__all__ = [
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
+    "InvalidDistributionError",
+    "SamplingParams",
+    "probabilities",
+    "sample",
+]
+
+MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
+"""Smallest positive temperature accepted: the smallest normal float32 (about 1.18e-38).
+
+Logits are divided by the temperature in float32: a smaller value rounds to 0
+there (1e-50 does), or is a subnormal that GPUs flush to 0, and a division by 0
+turns every row into NaN. Down to this bound the division is exact enough: the
+row maximum maps to 0 and everything else to a large negative value or -inf,
+which softmax turns into (nearly) one-hot, as a temperature near 0 should.
+"""
+MAX_TEMPERATURE = float(torch.finfo(torch.float32).max)
+"""Largest temperature accepted (about 3.4e38): a larger one is +inf in float32, and -inf / inf is NaN."""
 
 
 class SamplingParams(BaseModel):
@@ -33,6 +52,22 @@ class SamplingParams(BaseModel):
     """Keep the k most likely tokens (ties at the k-th value are all kept); None keeps all."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     """Keep the smallest set of most likely tokens whose mass is >= top_p; None keeps all."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _representable_in_float32(cls, temperature: float) -> float:
+        if temperature != 0.0 and temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {temperature!r} is below {MIN_TEMPERATURE!r}, the smallest accepted positive temperature "
+                "(the smallest normal float32: logits are divided by it in float32, where a smaller value is 0); "
+                "use 0 for greedy decoding"
+            )
+        if temperature > MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature {temperature!r} is above {MAX_TEMPERATURE!r}, the largest float32 (logits are divided "
+                "by it in float32, where a larger value is inf)"
+            )
+        return temperature
 
     @property
     def greedy(self) -> bool:
@@ -98,6 +133,42 @@ def probabilities(
     return out
 
 
+class InvalidDistributionError(RuntimeError):
+    """A row handed to :func:`sample` is not a probability distribution."""
+
+
 def sample(probs: Float[Tensor, "rows vocab"], generator: torch.Generator | None = None) -> Int[Tensor, " rows"]:
-    """One token per row; raises on a row that is not a distribution (negative, NaN, all zero)."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row; raises :class:`InvalidDistributionError` on a row that is not a distribution.
+
+    ``torch.multinomial`` already checks every row (with a host read) and fails
+    with a message that names neither the row nor the fault; that failure is
+    translated here, so the passing path costs nothing extra.
+    """
+    try:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    except RuntimeError as err:
+        bad = _not_distributions(probs)
+        if not bad:
+            raise
+        shown = ", ".join(f"row {r}: {fault}" for r, fault in bad[:8])
+        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+        raise InvalidDistributionError(
+            f"sample(): {len(bad)} of {probs.shape[0]} rows are not probability distributions ({shown}{more}); "
+            "non-finite values usually come from non-finite logits, e.g. a NaN weight or a half-precision overflow"
+        ) from err
+
+
+def _not_distributions(probs: Float[Tensor, "rows vocab"]) -> list[tuple[int, str]]:
+    """Each row that is not a distribution, with what is wrong with it (read on the host: an error path)."""
+    rows = probs.detach().float().cpu()
+    found: list[tuple[int, str]] = []
+    for r, row in enumerate(rows):
+        if bool(row.isnan().any()):
+            found.append((r, f"{int(row.isnan().sum())} NaN entries"))
+        elif bool(row.isinf().any()):
+            found.append((r, f"{int(row.isinf().sum())} infinite entries"))
+        elif bool((row < 0).any()):
+            found.append((r, f"negative entries (min {float(row.min()):.3g})"))
+        elif float(row.sum()) <= 0:
+            found.append((r, "no mass (all zero)"))
+    return found

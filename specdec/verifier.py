@@ -9,8 +9,18 @@ exactly as if they had been sampled from the target one by one. Greedy requests
 (temperature 0) accept while the draft equals the target argmax and emit the
 argmax at the first mismatch, which is plain greedy decoding token for token.
 
-Contracts are checked at the boundary (TGT-6 and VER-3 before sampling, VER-1
-and VER-2 on the result), so a caller cannot skip them.
+Contracts are checked at the boundary (TGT-6 and VER-3 to VER-7 before
+sampling, VER-1 and VER-2 on the result), so a caller cannot skip them.
+
+Without the checks (mode ``off``, or ``shapes`` for the [D] ones) two faults are
+still handled without a device sync. A proposal slot that is not a distribution
+(a NaN, an infinite or a negative entry) or gives its draft no mass is not used:
+its draft is rejected and the token drawn from ``p``, which keeps the output
+distributed as the target's. A request whose target logits hold NaN or +inf, or
+no finite entry, emits nothing: its output row is all ``REJECTED_TOKEN_ID``
+(``num_accepted`` 0), where a greedy argmax would have emitted an arbitrary id
+and sampling would have failed; the engine raises :class:`NonFiniteLogitsError`
+naming the request. A proposal that does not sum to 1 is only seen by VER-6.
 """
 
 from __future__ import annotations
@@ -23,10 +33,21 @@ from torch import Tensor
 
 import contracts
 from contracts import REJECTED_TOKEN_ID, StepKind, Subject, VerifierFacts, VerifierInput, VerifierOutput
-from contracts.registry import ValueReader, violation
 from specdec.sampling import SamplingParams, probabilities, sample
 
-__all__ = ["verify"]
+__all__ = ["NonFiniteLogitsError", "verify"]
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """No token can be drawn for a request: its target logits hold NaN or +inf, or mask every token."""
+
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
+        super().__init__(
+            f"request {req_id!r}: the target's logits at its verified positions hold NaN or +inf, or no finite "
+            "entry, so no token can be drawn (the verifier emitted none). Run with SPECDEC_CONTRACTS=full to have "
+            "VER-5 name the rows; the usual cause is a non-finite target model (a NaN weight, a half-precision overflow)"
+        )
 
 
 def verify(
@@ -47,7 +68,8 @@ def verify(
     set to ``REJECTED_TOKEN_ID``; a negative or out-of-vocabulary draft id is
     never accepted. ``inp.draft_probs`` is the proposal each draft was drawn
     from, ``None`` for deterministic (one-hot) drafts; ``sampled_from`` is what
-    the drafter actually drew from, compared with it by VER-3.
+    the drafter actually drew from, compared with it by VER-3. A request whose
+    target logits are not finite gets an all-sentinel row (module docstring).
     """
     num_reqs = inp.draft_token_ids.shape[0]
     facts = VerifierFacts(num_reqs, num_spec_tokens, num_draft_tokens, inp, None, sampled_from)
@@ -67,6 +89,9 @@ def verify(
 
     num_accepted = torch.zeros(num_reqs, dtype=torch.long, device=device)
     recovered = torch.zeros(num_reqs, dtype=torch.long, device=device)
+    # amax is NaN with any NaN, +inf with any +inf, -inf only when every entry is: finite iff a token can be drawn.
+    finite_rows = logits.amax(dim=-1).isfinite()
+    drawable = finite_rows[row_index].all(dim=1)
     greedy = [p.greedy for p in params]
     if any(greedy):
         g = torch.tensor([r for r, is_greedy in enumerate(greedy) if is_greedy], device=device)
@@ -75,10 +100,14 @@ def verify(
         s = torch.tensor([r for r, is_greedy in enumerate(greedy) if not is_greedy], device=device)
         row_params = [p for p, d in zip(params, num_draft_tokens, strict=True) for _ in range(d + 1)]
         target_probs = probabilities(logits, row_params)
+        # Rows no token can be drawn from become uniform, so sampling runs; their requests emit nothing below.
+        target_probs = torch.where(finite_rows[:, None], target_probs, 1.0 / vocab)
         draft_probs = None if inp.draft_probs is None else inp.draft_probs[s]
         num_accepted[s], recovered[s] = _verify_sampled(
-            target_probs[row_index[s]], safe_drafts[s], valid[s], draft_probs, generator, s, component
+            target_probs[row_index[s]], safe_drafts[s], valid[s], draft_probs, generator
         )
+    num_accepted = torch.where(drawable, num_accepted, 0)
+    recovered = torch.where(drawable, recovered, REJECTED_TOKEN_ID)
 
     padded_drafts = torch.cat([drafts, drafts.new_full((num_reqs, 1), REJECTED_TOKEN_ID)], dim=1)
     accepted = num_accepted[:, None]
@@ -146,31 +175,32 @@ def _verify_sampled(
     valid: Bool[Tensor, "n k"],
     draft_probs: Float[Tensor, "n k vocab"] | None,
     generator: torch.Generator | None,
-    requests: Int[Tensor, " n"],
-    component: str,
 ) -> tuple[Int[Tensor, " n"], Int[Tensor, " n"]]:
     """Rejection sampling; ``drafts`` are in-vocabulary everywhere (invalid slots hold 0, masked by ``valid``)."""
     n, k = drafts.shape
     vocab = p.shape[-1]
     if draft_probs is None:
         q = torch.nn.functional.one_hot(drafts, vocab).to(p.dtype)
+        usable = valid
     else:
         q = draft_probs.to(p.dtype)
+        # A slot whose q is not a distribution (NaN fails both comparisons), or gives its own draft
+        # no mass, cannot have produced the draft: it is not used, like a slot without a draft.
+        proper = ((q >= 0) & (q < float("inf"))).all(dim=-1)
+        usable = valid & proper & (q.gather(-1, drafts[..., None]).squeeze(-1) > 0)
     p_x = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
     q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
-    impossible = valid & (q_x <= 0)
-    _check_drawn_tokens_possible(impossible, requests, component)
 
     # u < p/q without dividing: u·q < p. p >= q accepts surely (u < 1); p == 0 never does.
     u = torch.rand((n, k), generator=generator, device=p.device, dtype=p.dtype)
-    num_accepted = _leading_true(valid & ~impossible & (u * q_x < p_x))
+    num_accepted = _leading_true(usable & (u * q_x < p_x))
 
     rows = torch.arange(n, device=p.device)
     p_at = p[rows, num_accepted]
     # The proposal at the stopping position: the rejected draft's q, or nothing when
-    # there was no draft there (bonus, or a pad/invalid id), which makes the
-    # residual p itself.
-    has_draft = torch.cat([valid, valid.new_zeros((n, 1))], dim=1)[rows, num_accepted]
+    # there was no usable draft there (bonus, a pad/invalid id, a broken proposal
+    # slot), which makes the residual p itself: the token then follows p exactly.
+    has_draft = torch.cat([usable, usable.new_zeros((n, 1))], dim=1)[rows, num_accepted]
     q_padded = torch.cat([q, q.new_zeros((n, 1, vocab))], dim=1)
     q_at = torch.where(has_draft[:, None], q_padded[rows, num_accepted], 0.0)
     residual = (p_at - q_at).clamp_min(0.0)
@@ -179,29 +209,3 @@ def _verify_sampled(
     # rejection has probability ~0; fall back to p rather than divide by zero.
     dist = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p_at)
     return num_accepted, sample(dist, generator)
-
-
-def _check_drawn_tokens_possible(impossible: Bool[Tensor, "n k"], requests: Int[Tensor, " n"], component: str) -> None:
-    """A draft with q(x) == 0 cannot have been drawn from q: VER-3, never a silent accept.
-
-    Reading the mask needs the values, so it follows the enforcement modes: host
-    tensors in ``shapes`` and ``full``, device tensors in ``full`` only (not while
-    capturing a CUDA graph). Unchecked, such a draft is rejected, not accepted.
-    """
-    mode = contracts.current_mode()
-    if mode is contracts.Mode.OFF:
-        return
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    reader = ValueReader(allow_device=mode is contracts.Mode.FULL and not capturing)
-    flags = reader.device(impossible.any(dim=1))
-    if not flags or not any(flags):
-        return
-    ids = reader.device(requests) or []
-    bad = [ids[i] for i, flag in enumerate(flags) if flag]
-    raise violation(
-        "VER-3",
-        {"requests": bad, "problem": "a draft token has probability 0 under the proposal it was supposedly drawn from"},
-        step_kind=StepKind.VERIFY,
-        component=component,
-        likely_cause="draft_probs is not the distribution the drafts were sampled from (e.g. top-k/top-p applied to one but not the other)",
-    )

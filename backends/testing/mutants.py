@@ -116,6 +116,24 @@ def _drawn_before_transform(real: Any) -> Any:
     return draw
 
 
+def _top_k_not_renormalised(real: Any) -> Any:
+    """The reported proposal is the temperature softmax with top-k/top-p's cut tokens zeroed, never renormalised.
+
+    The drafts still come from the right (normalised) distribution, and the same
+    tensor is reported as both ``draft_probs`` and ``sampled_from``, so VER-3 sees
+    nothing; the verifier divides by a q that is too small and accepts too often.
+    """
+
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+        drawn, q = real(self, logits, params)
+        if not params or self.argmax_drafts:
+            return drawn, q
+        untruncated = [p if p.greedy else SamplingParams(temperature=p.temperature) for p in params]
+        return drawn, torch.where(q > 0, probabilities(logits, untruncated), 0.0)
+
+    return draw
+
+
 # -- block drafters (DFlash, DSpark) --------------------------------------------------------------------------------
 
 
@@ -333,8 +351,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "EAGLE drafts drawn from the raw softmax while the temperature/top-k/top-p proposal is reported",
         "eagle",
         "sampling",
-        "VER-3",
+        "VER-7",
         lambda: wrapped(AutoregressiveSpeculator, "_draw", _drawn_before_transform),
+    ),
+    Mutant(
+        "eagle-top-k-not-renormalised",
+        "EAGLE reports its top-k/top-p proposal without renormalising it after the cut",
+        "eagle",
+        "sampling",
+        "VER-6",
+        lambda: wrapped(AutoregressiveSpeculator, "_draw", _top_k_not_renormalised),
     ),
     Mutant(
         "dspark-block-qsl-padded-requests",

@@ -1,7 +1,8 @@
 """The runtime's own mutants: realistic bugs in ``specdec``'s code, each injected at run time.
 
-Target attention metadata, KV rollback, the verifier, the draft DP sync and the
-target step handed to the drafter. The mutants run against built-in backends by
+Target attention metadata, the target's logits, KV rollback, the verifier and
+the proposal buffers the engine hands it, the draft DP sync and the target step
+handed to the drafter. The mutants run against built-in backends by
 name (their ``specdec.backends`` entry points), so this module imports no
 backend; the built-in drafters' own mutants live next to them
 (``backends.testing.mutants``), and ``specdec.testing.corpus`` gathers both.
@@ -11,6 +12,7 @@ measures whether it does.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ import specdec.speculator
 import specdec.verifier
 from contracts import REJECTED_TOKEN_ID
 from specdec.dp_sync import sync_dp
+from specdec.nn.transformer import Transformer
 from specdec.speculator import DraftContext
 from specdec.testing.mutant import Apply, Mutant, constructed, wrapped
 
@@ -65,6 +68,21 @@ def _target_metadata(perturb: Callable[[dict[str, Any]], None]) -> Apply:
     return lambda: wrapped(specdec.attn_metadata, "AttentionMetadata", constructed(perturb))
 
 
+def _padded_vocab_column_nan(real: Any) -> Any:
+    """The lm_head row of the last (padded-vocabulary) token left uninitialised: its logit column holds NaN.
+
+    ``torch.empty`` memory can hold anything; NaN is what makes the bug visible
+    in every step (a greedy argmax picks the NaN token, sampling cannot draw).
+    """
+
+    def compute_logits(self: Any, hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = real(self, hidden).clone()
+        logits[:, -1] = float("nan")
+        return logits
+
+    return compute_logits
+
+
 # -- KV rollback ----------------------------------------------------------------------------------------------------
 
 
@@ -89,6 +107,25 @@ def _bonus_dropped(kw: dict[str, Any]) -> None:
     rows = torch.nonzero(accepted > 0).flatten()
     out[rows, accepted[rows]] = REJECTED_TOKEN_ID
     kw["output_token_ids"] = out
+
+
+def _drafts_trimmed_to_longest(real: Any) -> Any:
+    """The engine sizes the draft ids and proposals by the step's longest draft, while still passing K.
+
+    An optimisation gone wrong: with no draft in the step (a prefill) the buffers
+    have no columns at all, and the verifier's rows no longer line up with K.
+    """
+
+    def verify(inp: Any, params: Any, **kw: Any) -> Any:
+        width = max(kw["num_draft_tokens"], default=0)
+        if width < inp.draft_token_ids.shape[1]:
+            probs = None if inp.draft_probs is None else inp.draft_probs[:, :width]
+            inp = dataclasses.replace(inp, draft_token_ids=inp.draft_token_ids[:, :width], draft_probs=probs)
+            if kw.get("sampled_from") is not None:
+                kw["sampled_from"] = kw["sampled_from"][:, :width]
+        return real(inp, params, **kw)
+
+    return verify
 
 
 # -- draft DP sync --------------------------------------------------------------------------------------------------
@@ -187,6 +224,14 @@ MUTANTS: tuple[Mutant, ...] = (
         _target_metadata(_attention_rows_from_model_rows),
     ),
     Mutant(
+        "target-logits-nan-column",
+        "the target's lm_head row of a padded-vocabulary token left uninitialised: its logit column is NaN",
+        "dflash",
+        "dp",
+        "VER-5",
+        lambda: wrapped(Transformer, "compute_logits", _padded_vocab_column_nan),
+    ),
+    Mutant(
         "engine-kv-not-rolled-back",
         "the engine's kv.truncate after verification does nothing: rejected draft positions stay cached",
         "dflash",
@@ -217,6 +262,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "acceptance",
         "VER-1",
         lambda: wrapped(specdec.verifier, "VerifierOutput", constructed(_bonus_dropped)),
+    ),
+    Mutant(
+        "engine-drafts-trimmed-to-longest",
+        "the engine sizes the draft ids and proposals it hands the verifier by the step's longest draft, not K",
+        "eagle",
+        "sampling",
+        "VER-4",
+        lambda: wrapped(specdec.engine, "verify", _drafts_trimmed_to_longest),
     ),
     Mutant(
         "dp-rank-skips-draft-sync",

@@ -53,6 +53,9 @@ REQUIRED = {
     "dp-rank-skips-draft-sync": "a rank skipping a collective",
     "dspark-block-qsl-padded-requests": "block query_start_loc not zero-length for padded requests",
     "engine-last-valid-off-by-one": "AR prefill last-token index off by one",
+    "target-logits-nan-column": "non-finite target logits (greedy emitted token 0)",
+    "engine-drafts-trimmed-to-longest": "verifier inputs not shaped (num_reqs, K)",
+    "eagle-top-k-not-renormalised": "a proposal that does not sum to 1",
 }
 
 

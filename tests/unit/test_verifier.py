@@ -94,6 +94,8 @@ def test_sampling_params_validation() -> None:
     assert SamplingParams(temperature=0).greedy
     assert not SamplingParams(temperature=0.7, top_k=3, top_p=0.9).greedy
     for bad in (
+        {"temperature": 1e-50},  # rounds to 0 in float32
+        {"temperature": 1e39},  # inf in float32
         {"temperature": -0.1},
         {"temperature": float("nan")},
         {"temperature": float("inf")},
@@ -556,13 +558,13 @@ def test_ver3_proposal_not_the_one_drawn_from() -> None:
         run(same_values)  # and so does an equal copy
 
 
-def test_ver3_draft_with_zero_proposal_probability_is_not_accepted() -> None:
+def test_ver7_draft_with_zero_proposal_probability_is_not_accepted() -> None:
     inp, num_draft = _small_input(probs=True)
-    q = torch.full((2, 2, 5), 0.25)
-    q[0, 0, 1] = 0.0  # draft token 1 of request 0 could not have been drawn from q
+    q = torch.full((2, 2, 5), 0.2)
+    q[0, 0, 1], q[0, 0, 0] = 0.0, 0.4  # draft token 1 of request 0 could not have been drawn from q
     bad = VerifierInput(inp.draft_token_ids, inp.num_draft_tokens, inp.target_logits, q)
     call = lambda: verify(bad, [PLAIN] * 2, num_spec_tokens=2, num_draft_tokens=num_draft, sampled_from=q)  # noqa: E731
-    assert _violation(call) == "VER-3"
+    assert _violation(call) == "VER-7"
     with contracts.enforce("off"):  # unchecked, it is rejected rather than silently accepted
         assert int(call().num_accepted[0]) == 0
 
@@ -611,5 +613,7 @@ def test_verify_checks_its_arguments() -> None:
     inp, num_draft = _small_input()
     with pytest.raises(ValueError, match="one per request"):
         verify(inp, [PLAIN], num_spec_tokens=2, num_draft_tokens=num_draft)
-    with pytest.raises(ValueError, match="draft_token_ids"):
+    # with contracts on, VER-4 names the wrong shape first; with them off the host check still refuses it
+    assert _violation(lambda: verify(inp, [PLAIN] * 2, num_spec_tokens=3, num_draft_tokens=num_draft)) == "VER-4"
+    with contracts.enforce("off"), pytest.raises(ValueError, match="draft_token_ids"):
         verify(inp, [PLAIN] * 2, num_spec_tokens=3, num_draft_tokens=num_draft)
