@@ -105,9 +105,7 @@ def _component(layout: ReleaseLayout, owner: str, method: str) -> str:
 # -- the checks each boundary runs -------------------------------------------------
 
 
-def _check_dispatch(
-    layout: ReleaseLayout, speculator: Any, result: Any, bound: dict[str, Any], step: _Step | None
-) -> None:
+def _check_dispatch(layout: ReleaseLayout, result: Any, bound: dict[str, Any], step: _Step | None) -> None:
     vllm_desc, vllm_sync = result
     desc = adapter.descriptor(vllm_desc)
     dp_size = int(bound["dp_size"])
@@ -214,7 +212,7 @@ def _wrap_dispatch(layout: ReleaseLayout, original: Callable[..., Any]) -> Calla
         step = _current()
         if step is not None and step.kind is StepKind.DRAFT_BLOCK:
             step.desc = result[0]
-        _check_dispatch(layout, None, result, bound, step)
+        _check_dispatch(layout, result, bound, step)
         return result
 
     return dispatch

@@ -8,7 +8,7 @@ DP sync returned a bare token tensor, not a ``DPSyncState``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GPU = "vllm.v1.worker.gpu"
 SPEC = f"{GPU}.spec_decode"
@@ -30,8 +30,6 @@ class ReleaseLayout:
     """Whether ``_multi_step_decode`` takes the step's speculative-token count as a last argument."""
     attention_tokens_from_desc: bool
     """True on the releases with the DP-padding bug: draft attention is sized by ``desc.num_tokens`` in every graph mode."""
-    decode_reuses_target_sync: bool = False
-    """Whether draft decode and DFlash reuse the target step's DP agreement instead of running their own collective."""
     dflash_module: str = f"{SPEC}.dflash.speculator"
     dspark_module: str = f"{SPEC}.dspark.speculator"
     base_module: str = f"{SPEC}.speculator"
@@ -40,10 +38,20 @@ class ReleaseLayout:
 
     @property
     def fixed(self) -> bool:
+        """The fixed releases are also those whose draft steps reuse the target step's DP agreement."""
         return not self.attention_tokens_from_desc
 
 
 _AR_UNTIL_031 = f"{SPEC}.autoregressive.speculator"
+_FIXED_030 = ReleaseLayout(
+    "0.30.0",
+    _AR_UNTIL_031,
+    "AutoRegressiveSpeculator",
+    "_build_attn_metadata",
+    "dp_sync",
+    decode_takes_k=False,
+    attention_tokens_from_desc=False,
+)
 
 LAYOUTS: dict[str, ReleaseLayout] = {
     layout.release: layout
@@ -57,24 +65,8 @@ LAYOUTS: dict[str, ReleaseLayout] = {
             decode_takes_k=False,
             attention_tokens_from_desc=True,
         ),
-        ReleaseLayout(
-            "0.30.0",
-            _AR_UNTIL_031,
-            "AutoRegressiveSpeculator",
-            "_build_attn_metadata",
-            "dp_sync",
-            decode_takes_k=False,
-            attention_tokens_from_desc=False,
-        ),
-        ReleaseLayout(
-            "0.31.0",
-            _AR_UNTIL_031,
-            "AutoRegressiveSpeculator",
-            "_build_attn_metadata",
-            "dp_sync",
-            decode_takes_k=False,
-            attention_tokens_from_desc=False,
-        ),
+        _FIXED_030,
+        replace(_FIXED_030, release="0.31.0"),  # same layout as 0.30.0
         ReleaseLayout(
             "0.32.0",
             f"{SPEC}.target_dependent_ar.speculator",
@@ -83,7 +75,6 @@ LAYOUTS: dict[str, ReleaseLayout] = {
             "dp_sync_state",
             decode_takes_k=True,
             attention_tokens_from_desc=False,
-            decode_reuses_target_sync=True,
         ),
     )
 }

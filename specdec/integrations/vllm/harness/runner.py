@@ -312,7 +312,7 @@ class Runner:
     def _ar_decode(self, spec: Any, scenario: Scenario, rank: int, num_reqs: int) -> str:
         layout, ar = self.layout, self.release.ar
         _fill_decode_inputs(spec, num_reqs)
-        reuse = layout.sync_kwarg if layout.decode_reuses_target_sync or layout.fixed else None
+        reuse = layout.sync_kwarg if layout.fixed else None
         target_sync = self._target_sync(scenario, rank, num_reqs) if reuse and scenario.source == "dispatch" else None
         if target_sync is not None:
             sync, num_tokens = spec._build_uniform_batch_dp_sync(target_sync, num_reqs, num_query_per_req=1)
