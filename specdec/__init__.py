@@ -9,9 +9,14 @@ suite's jaxtyping hook) is installed.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("specdec")
+    """From the installed distribution, so ``pyproject.toml`` is the one place the version is written."""
+except metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 _EXPORTS = {
     "DraftContext": "specdec.speculator",
