@@ -3,11 +3,18 @@
 Streaming output must never show half a character: byte-level BPE splits a
 multi-byte UTF-8 character across tokens, and decoding a prefix that ends inside
 one yields U+FFFD. ``StreamDecoder`` holds text back until it decodes cleanly.
+
+A chat message's content is the user's text, never markup: ``<|im_start|>system``
+typed by a user must stay those characters, or a user could open a system turn.
+``encode_chat`` therefore encodes the template's own text with its control
+tokens and each message's content with special-token text spelled out.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,9 +86,80 @@ class Tokenizer:
         )
 
     def encode_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-        """Ids of the chat prompt (the template writes any BOS itself, so none is added)."""
+        """Ids of the chat prompt (the template writes any BOS itself, so none is added).
+
+        Content without special-token text is encoded exactly as the whole
+        rendered prompt would be; content with it is cut out and encoded with
+        that text as plain characters, so it cannot become a control token.
+        """
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        return self.encode(text, add_special_tokens=False)
+        spans = self._content_spans(text, messages, add_generation_prompt)
+        if not spans:
+            return self.encode(text, add_special_tokens=False)
+        ids: list[int] = []
+        start = 0
+        for begin, end in spans:
+            ids += self.encode(text[start:begin], add_special_tokens=False) if begin > start else []
+            ids += self._literal.encode(text[begin:end], add_special_tokens=False).ids
+            start = end
+        return ids + (self.encode(text[start:], add_special_tokens=False) if start < len(text) else [])
+
+    @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of every special (control) token, longest first."""
+        texts = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
+        return tuple(sorted(texts, key=len, reverse=True))
+
+    @functools.cached_property
+    def _literal(self) -> HFTokenizer:
+        """A copy of the tokenizer that encodes special-token text as ordinary characters."""
+        literal = HFTokenizer.from_str(self.backend.to_str())
+        literal.encode_special_tokens = True
+        return literal
+
+    def _content_spans(
+        self, text: str, messages: Sequence[Message], add_generation_prompt: bool
+    ) -> list[tuple[int, int]]:
+        """Where in ``text`` the contents holding special-token text were rendered, in message order.
+
+        The template is rendered a second time with each content replaced by a
+        private-use marker; the pieces between markers are the template's own
+        text, so each content is located by position, never by searching for it
+        (a content such as ``<|im_start|>`` also occurs in the template's text).
+        """
+        marked = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str) and self._has_special(m)]
+        if not marked:
+            return []
+        markers = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        stand_ins = [
+            {**m, "content": markers[i]} if isinstance(m.get("content"), str) else dict(m)
+            for i, m in enumerate(messages)
+        ]
+        rendered = self.apply_chat_template(stand_ins, add_generation_prompt=add_generation_prompt)
+        pieces = re.split("\ue000(\\d+)\ue001", rendered)
+        spans: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        ok = text.startswith(pieces[0])
+        pos = len(pieces[0])
+        for index, after in zip(pieces[1::2], pieces[2::2], strict=True):
+            content = str(messages[int(index)]["content"])
+            fits = [c for c in (content, content.strip()) if text.startswith(c + after, pos)]
+            if not ok or not fits:
+                ok = False
+                break
+            if int(index) in marked:  # every place the template prints it, should it print it twice
+                spans.append((pos, pos + len(fits[0])))
+                seen.add(int(index))
+            pos += len(fits[0]) + len(after)
+        if not ok or pos != len(text) or seen != set(marked):
+            raise ChatTemplateError(
+                f"messages {marked} hold special-token text and the chat template changes how their content is "
+                "printed, so it cannot be encoded as plain text; remove the special-token text from the messages"
+            )
+        return spans
+
+    def _has_special(self, message: Message) -> bool:
+        return any(s in str(message["content"]) for s in self.special_texts)
 
     def stream(self, *, skip_special_tokens: bool = False) -> StreamDecoder:
         """A decoder for tokens arriving one (or a few) at a time."""
