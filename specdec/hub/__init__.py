@@ -7,7 +7,13 @@ catalog lists what can be pulled. See ``docs/models.md``.
 
 from specdec.hub.catalog import KNOWN_MODELS, FileSource, ModelSpec, WheelSource, get_spec
 from specdec.hub.chat import ChatTemplateError, render_chat
-from specdec.hub.errors import ChecksumError, ModelStoreError, UnknownModelError, UnsupportedModelError
+from specdec.hub.errors import (
+    ChecksumError,
+    ModelStoreError,
+    StoreNotWritableError,
+    UnknownModelError,
+    UnsupportedModelError,
+)
 from specdec.hub.loader import load
 from specdec.hub.progress import RichProgress, SilentProgress
 from specdec.hub.store import CacheStatus, ModelStore, default_root
@@ -24,6 +30,7 @@ __all__ = [
     "ModelStoreError",
     "RichProgress",
     "SilentProgress",
+    "StoreNotWritableError",
     "StreamDecoder",
     "Tokenizer",
     "UnknownModelError",

