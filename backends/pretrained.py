@@ -7,6 +7,11 @@ with string metadata that says how to rebuild the network (layers, rank, aux
 layers, K) and how it was trained. Loading casts to the target's dtype and
 refuses a file whose names or shapes do not fit the network built for the
 target, so a file trained for another model cannot load silently.
+
+Each file has a model card beside it, ``<backend>.card.json``, with its sha256
+and size. Shipped weights are verified against their card whenever they are
+resolved, so a corrupted or swapped file is refused instead of drafting badly
+(which, verification being lossless, would only ever show as lost speed).
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from backends.draft_vocab import DraftVocab
+from specdec.hub.manifest import sha256_file
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 FORMAT = "specdec-drafter/1"
 DRAFT_VOCAB = "draft_vocab"
 """Optional tensor of a drafter file: the sorted target token ids its drafts are scored over (``DraftVocab``)."""
+CARD_SUFFIX = ".card.json"
+
+
+class DrafterIntegrityError(ValueError):
+    """A drafter file does not match its model card (corrupted, truncated or replaced), or has no card."""
 
 
 def weights_path(model: str, backend: str) -> Path:
@@ -36,9 +47,14 @@ def weights_path(model: str, backend: str) -> Path:
 
 
 def resolve(pretrained: str | Path, backend: str) -> Path:
-    """A model name (shipped weights) or a path to a ``.safetensors`` file; a clear error when it is missing."""
+    """A model name (shipped weights) or a path to a ``.safetensors`` file; a clear error when it is missing.
+
+    Shipped weights must match their model card; a file given by path is
+    checked against a card beside it when there is one.
+    """
     as_path = Path(pretrained)
-    path = as_path if as_path.suffix == ".safetensors" else weights_path(str(pretrained), backend)
+    by_name = as_path.suffix != ".safetensors"
+    path = weights_path(str(pretrained), backend) if by_name else as_path
     if not path.is_file():
         shipped = sorted(
             f"{d.name}/{f.stem}" for d in WEIGHTS_DIR.glob("*") if d.is_dir() for f in d.glob("*.safetensors")
@@ -47,7 +63,68 @@ def resolve(pretrained: str | Path, backend: str) -> Path:
             f"no trained {backend} drafter weights at {path}; shipped: {', '.join(shipped) or 'none'} "
             "(train one with `python -m backends.training.cli train`)"
         )
+    verify_card(path, required=by_name)
     return path
+
+
+def shipped_id(path: Path) -> str | None:
+    """``shipped:<model>/<backend>`` for a file shipped with the package, else ``None``: names, never paths."""
+    resolved = path.resolve()
+    if resolved.parent.parent != WEIGHTS_DIR or resolved.suffix != ".safetensors":
+        return None
+    return f"shipped:{resolved.parent.name}/{resolved.stem}"
+
+
+def card_path(weights: Path) -> Path:
+    return weights.with_name(weights.stem + CARD_SUFFIX)
+
+
+def write_card(weights: Path) -> Path:
+    """Write the model card of a drafter file: what it is for, its size and its sha256."""
+    meta = read_metadata(weights)
+    card = {
+        "model": meta.get("model"),
+        "backend": meta.get("backend"),
+        "file": weights.name,
+        "size_bytes": weights.stat().st_size,
+        "sha256": sha256_file(weights),
+    }
+    path = card_path(weights)
+    path.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+_VERIFIED: set[tuple[Path, int, int]] = set()
+"""Files already hashed in this process, by path, size and modification time (a change re-verifies)."""
+
+
+def verify_card(weights: Path, *, required: bool) -> None:
+    """Refuse a drafter file whose size or sha256 differs from its card (or that has none, if ``required``)."""
+    stat = weights.stat()
+    key = (weights.resolve(), stat.st_size, stat.st_mtime_ns)
+    if key in _VERIFIED:
+        return
+    card = card_path(weights)
+    if not card.is_file():
+        if required:
+            raise DrafterIntegrityError(f"{weights.name} has no model card ({card.name}); reinstall specdec")
+        return
+    try:
+        recorded = json.loads(card.read_text(encoding="utf-8"))
+        size, digest = int(recorded["size_bytes"]), str(recorded["sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DrafterIntegrityError(f"{card.name} is not a readable model card: {exc}") from exc
+    if stat.st_size != size:
+        raise DrafterIntegrityError(
+            f"{weights.name} has {stat.st_size} bytes, its model card records {size}: the file is truncated or "
+            "was replaced; reinstall specdec (or retrain it, which writes a new card)"
+        )
+    if (actual := sha256_file(weights)) != digest:
+        raise DrafterIntegrityError(
+            f"{weights.name} has sha256 {actual}, its model card records {digest}: the file is corrupted or was "
+            "replaced; reinstall specdec (or retrain it, which writes a new card)"
+        )
+    _VERIFIED.add(key)
 
 
 def save_drafter(
@@ -58,10 +135,10 @@ def save_drafter(
     *,
     draft_vocab: Tensor | None = None,
 ) -> int:
-    """Write the modules' own parameters (prefixed ``<name>.``) in ``dtype``; returns the file size in bytes.
+    """Write the modules' own parameters (prefixed ``<name>.``) in ``dtype``, and the file's model card.
 
     Metadata values that are not strings are stored as JSON; ``draft_vocab``
-    (token ids) is stored as int32 under ``DRAFT_VOCAB``.
+    (token ids) is stored as int32 under ``DRAFT_VOCAB``. Returns the file size in bytes.
     """
     state: dict[str, Tensor] = {}
     if draft_vocab is not None:
@@ -72,6 +149,7 @@ def save_drafter(
     meta = {"format": FORMAT} | {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata=meta)
+    write_card(path)
     return path.stat().st_size
 
 

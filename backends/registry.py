@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backends.pretrained import load_draft_vocab, load_drafter, meta_json, read_metadata, resolve
+from backends.pretrained import load_draft_vocab, load_drafter, meta_json, read_metadata, resolve, shipped_id
 from specdec.backend_registry import create
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
@@ -35,6 +35,13 @@ def trained_config(pretrained: str | Path, backend: str) -> tuple[Path, dict[str
     if not isinstance(options, dict):
         raise ValueError(f"{path}: metadata field 'network' must be a JSON object")
     return path, options
+
+
+def weights_source(path: Path | None) -> str:
+    """``random``, ``shipped:<model>/<backend>`` for shipped weights, or ``trained:<path as given>``."""
+    if path is None:
+        return "random"
+    return shipped_id(path) or f"trained:{path}"
 
 
 def mark_weights(speculator: Speculator, source: str) -> Speculator:
@@ -67,7 +74,7 @@ def make_eagle(
         load_drafter(path, {"head": head})
         head.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
-    return mark_weights(spec, "random" if path is None else f"trained:{path}")
+    return mark_weights(spec, weights_source(path))
 
 
 def make_draft_model(
@@ -120,7 +127,7 @@ def make_dflash(
     spec = DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
-    return mark_weights(spec, "random" if path is None else f"trained:{path}")
+    return mark_weights(spec, weights_source(path))
 
 
 def make_dspark(
@@ -178,4 +185,4 @@ def make_dspark(
         if c0 is None and c1 is None
         else StepCost(c0=1.0 if c0 is None else c0, c1=0.05 if c1 is None else c1),
     )
-    return mark_weights(spec, "random" if path is None else f"trained:{path}")
+    return mark_weights(spec, weights_source(path))

@@ -119,7 +119,7 @@ def drafter_weights_are_random(speculator: Speculator | None, target: Transforme
     """Whether the drafter runs on its own freshly seeded weights rather than trained ones.
 
     The built-in backends say so with a ``weights_source`` attribute (``"random"``,
-    or ``"trained:<path>"`` when they loaded a trained drafter, ``docs/drafters.md``).
+    ``"shipped:<model>/<backend>"`` or ``"trained:<path>"`` for trained weights, ``docs/drafters.md``).
     A backend that does not say counts as random when it owns parameters beyond
     the target's: nothing tells trained ones apart. A drafter without a network
     (n-gram lookup) or one drafting with the target itself is not. Only the

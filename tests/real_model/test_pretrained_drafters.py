@@ -54,7 +54,7 @@ def test_shipped_drafter_is_lossless_and_accepted(
     plain: tuple[list[int], list[int]],
 ) -> None:
     spec = create(backend, smollm2.model, num_spec_tokens=4, pretrained=SMOLLM2)
-    assert getattr(spec, "weights_source", "").startswith("trained:")
+    assert getattr(spec, "weights_source", "") == f"shipped:{SMOLLM2}/{backend}"
     assert not drafter_weights_are_random(spec, smollm2.model)
     prompt, want = plain
     got, tau = greedy(smollm2.model, prompt, spec)
