@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--model",
-        help="a model from `specdec models list` (pulled on first use); without it, a random tiny target runs",
+        help="a model from `specdec models list` (pulled on first use), a Llama GGUF file, or a checkpoint directory "
+        "(config.json, tokenizer.json, safetensors); without it, a random tiny target runs",
     )
     p.add_argument(
         "--chat",
@@ -204,7 +205,10 @@ def run_model(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     params = SamplingParams(temperature=float(args.temperature))
-    speculator = _speculator(args, target, args.backend, model=args.model)
+    from specdec.hub.local import is_path
+
+    # Shipped drafter weights are per catalog model; a model given by path has none.
+    speculator = _speculator(args, target, args.backend, model=None if is_path(args.model) else args.model)
     try:
         engine = engine_for(target, len(prompt), max_tokens, speculator=speculator, seed=args.seed)
     except ValueError as exc:  # a prompt longer than the model's context

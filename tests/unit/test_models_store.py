@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch
 import torch
 from fake_gguf import (
     HEAD_DIM,
@@ -235,6 +236,81 @@ def test_an_interrupted_rebuild_leaves_the_old_state_and_no_litter(
     (killed / "cache").mkdir(parents=True)
     store.pull(NAME, force=True)
     assert not killed.exists()
+
+
+# -- loading by path ----------------------------------------------------------------------------------
+
+
+def test_a_gguf_file_loads_by_path_through_a_verified_cache_of_its_own(fake: FakeModel, tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "home")  # the catalog alone: the file is not in it
+    model, tok = load(str(fake.path), store=store)
+    assert_weights_match(model.named_weights(), fake)
+    [cache] = (tmp_path / "home" / "models").glob("local-*")
+    assert cache.name.startswith("local-tiny-llama.Q8_0-")  # named by file and sha256: another file, another cache
+    before = (cache / "model.safetensors").stat().st_mtime_ns
+    load(fake.path, store=store)  # a Path works too, and the verified cache is reused
+    assert (cache / "model.safetensors").stat().st_mtime_ns == before
+    _, by_name = load(NAME, store=store_for(fake, tmp_path / "other"))
+    assert tok.encode_chat([{"role": "user", "content": "Hi"}]) == by_name.encode_chat(
+        [{"role": "user", "content": "Hi"}]
+    )
+
+
+def hf_checkpoint(fake: FakeModel, tmp_path: Path, *, shards: int) -> Path:
+    """A Hugging Face style directory: weights in ``shards`` files with an index, AddedToken dicts, a generation config."""
+    cache = store_for(fake, tmp_path / "home").pull(NAME)
+    out = tmp_path / "checkpoint"
+    out.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (out / name).write_bytes((cache / name).read_bytes())
+    tok_config = json.loads((cache / "tokenizer_config.json").read_text())
+    stop_ids = tok_config.pop("stop_token_ids")
+    tok_config["eos_token"] = {"content": tok_config["eos_token"], "special": True, "lstrip": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": stop_ids}))
+    weights = safetensors.torch.load_file(str(cache / "model.safetensors"))
+    names = sorted(weights)
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: weights[n] for n in names[i::shards]}
+        safetensors.torch.save_file(part, str(out / shard))
+        weight_map |= dict.fromkeys(part, shard)
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out
+
+
+def test_a_sharded_checkpoint_directory_loads_in_place(fake: FakeModel, tmp_path: Path) -> None:
+    checkpoint = hf_checkpoint(fake, tmp_path, shards=3)
+    listing = sorted(p.name for p in checkpoint.iterdir())
+    model, tok = load(checkpoint)
+    assert_weights_match(model.named_weights(), fake)
+    assert sorted(p.name for p in checkpoint.iterdir()) == listing  # read in place, nothing written
+    _, by_name = load(NAME, store=store_for(fake, tmp_path / "home"))
+    assert tok.stop_token_ids == by_name.stop_token_ids and tok.eos_token_id == by_name.eos_token_id
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tok.encode_chat(messages) == by_name.encode_chat(messages)
+
+
+def test_a_path_that_is_not_a_model_is_a_clear_error(fake: FakeModel, tmp_path: Path) -> None:
+    checkpoint = hf_checkpoint(fake, tmp_path, shards=2)
+    (checkpoint / "tokenizer.json").unlink()
+    with pytest.raises(ModelStoreError, match=r"is not a checkpoint directory: it has no tokenizer.json"):
+        load(checkpoint)
+    shard = next(checkpoint.glob("model-00002-*.safetensors"))
+    (checkpoint / "tokenizer.json").write_bytes((tmp_path / "home/models" / NAME / "tokenizer.json").read_bytes())
+    shard.unlink()
+    with pytest.raises(ModelStoreError, match=r"names the shard model-00002-of-00002.safetensors, which is missing"):
+        load(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    with pytest.raises(UnsupportedModelError, match="model_type 'mistral'"):
+        load(checkpoint)
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ModelStoreError, match=r"neither a .gguf file nor a checkpoint directory"):
+        load(str(tmp_path / "weights.bin"))
+    with pytest.raises(ModelStoreError, match="does not exist"):
+        load(str(tmp_path / "missing.gguf"))
 
 
 # -- wheel extraction ----------------------------------------------------------------------------------
