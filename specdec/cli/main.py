@@ -149,7 +149,10 @@ def _mutate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec import __version__
+
     parser = argparse.ArgumentParser(prog="specdec", description="Contract-checked speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("contracts", help="print the contract catalog from the invariant registry")
