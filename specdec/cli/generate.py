@@ -12,6 +12,7 @@ plain decoding).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -67,7 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate at most (default 32; --model: 256)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--contracts", choices=["off", "shapes", "full"], default="shapes")
+    p.add_argument(
+        "--contracts",
+        choices=["off", "shapes", "full"],
+        default=None,
+        help="contract mode (default: $SPECDEC_CONTRACTS when set, else shapes)",
+    )
     p.add_argument("--compare-plain", action="store_true", help="also run plain decoding and report the ratio")
     p.add_argument("--layers", type=int, default=4, help="layers of the random tiny target")
     p.add_argument("--hidden", type=int, default=64, help="hidden size of the random tiny target")
@@ -134,11 +140,19 @@ def _summary(name: str, m: RunMetrics, tokens: int, wall: float) -> str:
     )
 
 
+def contract_mode(flag: str | None) -> str:
+    """The flag when given, else ``SPECDEC_CONTRACTS`` (already validated by ``contracts`` at import), else shapes."""
+    from contracts.enforcement import ENV_VAR
+
+    return flag or os.environ.get(ENV_VAR, "").strip().lower() or "shapes"
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     import contracts
 
+    args.contracts = contract_mode(args.contracts)
     if args.model is not None:
         return run_model(args)
     torch.set_num_threads(1 if args.threads is None else args.threads)
