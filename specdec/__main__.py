@@ -2,4 +2,5 @@
 
 from specdec.cli.main import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing the module (as a package walk does) runs nothing
+    raise SystemExit(main())

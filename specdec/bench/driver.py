@@ -323,14 +323,17 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from specdec.bench.peer import PeerUnavailable, TransformersPeer
+    from specdec.cli.errors import UsageError, check_backend, check_model
     from specdec.hub import ModelStore, ModelStoreError, UnknownModelError, load
 
     console = Console(stderr=True)
     try:
         options = options_from_args(args)
     except ValueError as exc:
-        print(f"specdec bench: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    check_model(options.model)
+    for backend in options.backends:
+        check_backend(backend)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     peer: TransformersPeer | None = None

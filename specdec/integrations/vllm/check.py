@@ -19,11 +19,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from specdec.cli.errors import UsageError
+
 RELEASES_ENV = "SPECDEC_VLLM_RELEASES"
-
-
-class UsageError(Exception):
-    """A mistake in how the command was called; printed as one line, exit status 2."""
 
 
 def releases_dir(explicit: str | None) -> Path:
@@ -172,16 +170,8 @@ def _as_json(release: str, mode: str, results: list[Any]) -> dict[str, Any]:
     }
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "vllm-check",
-        help="run vLLM's own speculative-decoding code on CPU against the contracts",
-        description=(
-            "Drive vLLM's model runner v2 draft steps (autoregressive multi-step and fused decode, DFlash, DSpark) "
-            "over DP sizes, idle ranks, graph modes, capture sizes and K, with only the device kernels stubbed; "
-            "report each scenario as ok, a contract violation, or the stub kernel's failure. Exit 1 on any finding."
-        ),
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``specdec vllm-check`` (its help and description are in ``specdec.cli.main``)."""
     p.add_argument("--vllm-version", help="check this release (default: the installed one)")
     p.add_argument(
         "--releases-dir", help=f"where release files live (default: ${RELEASES_ENV} or $SPECDEC_HOME/vllm-releases)"
@@ -193,12 +183,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a small part of the matrix")
     p.add_argument("--methods", type=lambda s: [m for m in s.split(",") if m], help="comma list (default: all)")
     p.add_argument("--json", help="write every scenario's result to this file")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    try:
-        return run(args)
-    except UsageError as exc:
-        print(f"specdec: error: {exc}", file=sys.stderr)
-        return 2
+    p.set_defaults(func=run)

@@ -1,0 +1,133 @@
+"""Every subcommand answers a user's mistake with one line, ``specdec: error: ...``, and exit status 2.
+
+Each case is a mistake a user made (or could make) and once got a traceback
+for, or a silently ignored flag. The test runs ``main`` in-process: an
+exception escaping it would be the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli.errors import CONTRACT_MODES
+from specdec.cli.main import COMMANDS, main
+
+BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
+    "": [([], "required: COMMAND"), (["nosuch"], "invalid choice: 'nosuch'")],
+    "contracts": [
+        (["contracts", "--format", "yaml"], "invalid choice: 'yaml'"),
+        (["contracts", "--write", "no/such/folder/contracts.md"], "the folder no/such/folder does not exist"),
+        (["contracts", "--check", "no-such-file.md"], "no such file"),
+    ],
+    "generate": [
+        (["generate", "--backend", "nosuch"], "unknown backend 'nosuch'"),
+        (["generate", "--backend", "no.such.module:factory"], "cannot import module 'no.such.module'"),
+        (["generate", "hello"], "without --model the prompt is token ids"),
+        (["generate", ""], "the prompt is empty"),
+        (["generate", "-k", "0"], "-k: 0 is out of range; expected an integer >= 1"),
+        (["generate", "--threads", "-1"], "--threads: -1 is out of range"),
+        (["generate", "--seed", "1e23"], "--seed: '1e23' is not an integer"),
+        (["generate", "--seed", str(2**64)], "--seed: 18446744073709551616 is out of range"),
+        (["generate", "--num-requests", "0"], "--num-requests: 0 is out of range"),
+        (["generate", "--max-tokens", "0"], "--max-tokens: 0 is out of range"),
+        (["generate", "--temperature", "-1"], "--temperature: -1 is out of range"),
+        (["generate", "--temperature", "nan"], "--temperature: nan is out of range"),
+        (["generate", "--temperature", "1e-50"], "below 1.1754943508222875e-38"),
+        (["generate", "--temperature", "1", "--top-p", "0"], "--top-p: 0 is out of range"),
+        (["generate", "--top-k", "5"], "with --temperature 0 (greedy) they would be ignored"),
+        (["generate", "--backend", "eagle", "--draft-is-target"], "--draft-is-target needs a backend that takes"),
+        (["generate", "--backend", "dflash", "--fused"], "--fused needs a backend with a fused decode"),
+        (["generate", "--backend", "plain", "-k", "3"], "-k needs a speculative backend"),
+        (["generate", "--dtype", "bfloat16"], "--dtype needs --model"),
+        (["generate", "--no-chat"], "--chat/--no-chat needs --model"),
+        (["generate", "--hidden", "30"], "a multiple of 4 is expected"),
+        (["generate", "--model", "nosuch"], "unknown model 'nosuch'"),
+        (["generate", "--model", "./no-such.gguf"], "no such file or directory"),
+        (["generate", "--model", "smollm2-135m-instruct", "--layers", "2"], "--layers applies to the random tiny"),
+        (["generate", "--model", "smollm2-135m-instruct", "bad \udcff bytes"], "the prompt is not valid UTF-8"),
+    ],
+    "bench-contracts": [(["bench-contracts", "--repeats", "0"], "--repeats: 0 is out of range")],
+    "bench": [
+        (["bench", "--backends", "nosuch"], "unknown backend 'nosuch'"),
+        (["bench", "--suites", "nosuch"], "unknown suite(s) ['nosuch']"),
+        (["bench", "--backends", "plain"], "'plain' always runs as the baseline"),
+        (["bench", "--model", "nosuch"], "unknown model 'nosuch'"),
+    ],
+    "bench-phases": [
+        (["bench-phases", "--backends", "nosuch"], "unknown backend 'nosuch'"),
+        (["bench-phases", "--suite", "nosuch"], "invalid choice: 'nosuch'"),
+        (["bench-phases", "--prompts", "0"], "--prompts: 0 is out of range"),
+        (["bench-phases", "--model", "nosuch"], "unknown model 'nosuch'"),
+    ],
+    "bench-decode": [
+        (["bench-decode", "--dtypes", "float16"], "--dtypes: unknown float16"),
+        (["bench-decode", "--repeats", "0"], "--repeats: 0 is out of range"),
+        (["bench-decode", "--model", "nosuch"], "unknown model 'nosuch'"),
+    ],
+    "models": [
+        (["models"], "required: {list,pull}"),
+        (["models", "pull", "nosuch"], "unknown model 'nosuch'"),
+    ],
+    "matrix": [
+        (["matrix", "-b", "nosuch"], "unknown backend 'nosuch'"),
+        (["matrix", "--families", "dp,nosuch"], "--families: unknown nosuch"),
+        (["matrix", "--tensor-modes", "tpu"], "--tensor-modes: unknown tpu"),
+        (["matrix", "-n", "0"], "--examples/-n: 0 is out of range"),
+    ],
+    "mutate": [
+        (["mutate", "--mutants", "bogus"], "unknown mutant(s) ['bogus']"),
+        (["mutate", "-n", "-3"], "--examples/-n: -3 is out of range"),
+    ],
+    "vllm-check": [(["vllm-check", "--contracts", "some"], "invalid choice: 'some'")],
+}
+
+CASES = [
+    pytest.param(argv, expected, id=" ".join(argv) or "(none)")
+    for cases in BAD_INPUT.values()
+    for argv, expected in cases
+]
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own errors exit through Parser.error
+        return int(exc.code or 0)
+
+
+def test_every_subcommand_has_bad_input_cases() -> None:
+    assert set(BAD_INPUT) == {"", *COMMANDS}
+
+
+@pytest.mark.parametrize(("argv", "expected"), CASES)
+def test_a_users_mistake_is_one_line_and_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("specdec: error: "), err
+    assert expected in last, last
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_bad_specdec_contracts_is_a_usage_error_in_every_command(command: str) -> None:
+    # A fresh process: importing contracts under a bad mode raises, so the CLI must check first.
+    env = {**os.environ, "SPECDEC_CONTRACTS": "bogus"}
+    argv = [sys.executable, "-m", "specdec", *command.split()]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "specdec: error: SPECDEC_CONTRACTS='bogus' is not a contract mode; expected one of off, shapes, full"
+    )
+
+
+def test_the_cli_accepts_exactly_the_contract_modes() -> None:
+    from contracts.enforcement import Mode
+
+    assert tuple(m.value for m in Mode) == CONTRACT_MODES
