@@ -58,7 +58,6 @@ def make_eagle(
     seed: int = 1,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
-    **_: Any,
 ) -> Speculator:
     """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights.
 
@@ -84,7 +83,6 @@ def make_draft_model(
     fused: bool = False,
     seed: int = 1,
     draft: Transformer | None = None,
-    **_: Any,
 ) -> Speculator:
     from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
 
@@ -109,7 +107,6 @@ def make_dflash(
     argmax_drafts: bool = False,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
-    **_: Any,
 ) -> Speculator:
     """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win).
 
@@ -144,7 +141,6 @@ def make_dspark(
     markov_scale: float = 1.0,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
-    **_: Any,
 ) -> Speculator:
     """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win).
 

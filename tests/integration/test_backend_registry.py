@@ -300,3 +300,13 @@ def test_names_option_counts_only_named_parameters() -> None:
         assert not names_option(factory_for("eagle"), "capacity")
     finally:
         unregister("mine")
+
+
+@pytest.mark.parametrize(
+    ("name", "misspelled"),
+    [("eagle", "fussed"), ("draft-model", "draft_is_target"), ("dflash", "num_spec_token"), ("dspark", "capacty")],
+)
+def test_a_built_in_factory_refuses_an_option_it_does_not_take(name: str, misspelled: str) -> None:
+    # They used to swallow unknown options (**_), so a misspelled option was silently ignored.
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{misspelled}'"):
+        create(name, tiny_target(), **{misspelled: 1})
