@@ -13,6 +13,8 @@ library: the drafter's own line.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -67,6 +69,12 @@ def _devices(x: Any) -> set[str]:
     return set()
 
 
+_READS_VALUE = "reads a device value on the host (Tensor.item(), bool(), int() or float() of a tensor, .tolist())"
+_DATA_SHAPE = (
+    "has an output shape that depends on the data (nonzero, boolean-mask indexing, unique, "
+    "repeat_interleave without output_size, ...), which the host must read before it can allocate"
+)
+_UNKNOWN = "an unknown line (no frame outside torch and the runtime)"
 _TO_HOST_OPS = {"aten::_to_copy", "aten::copy_", "aten::to"}
 
 
@@ -74,12 +82,9 @@ def data_dependence(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     """Why ``func`` needs the data of its device inputs on the host, in words; ``None`` when it does not."""
     tags = getattr(func, "tags", ())
     if torch.Tag.data_dependent_output in tags:
-        return "reads a device value on the host (Tensor.item(), bool(), int() or float() of a tensor, .tolist())"
+        return _READS_VALUE
     if torch.Tag.dynamic_output_shape in tags:
-        return (
-            "has an output shape that depends on the data (nonzero, boolean-mask indexing, unique, "
-            "repeat_interleave without output_size, ...), which the host must read before it can allocate"
-        )
+        return _DATA_SHAPE
     name = getattr(getattr(func, "_schema", None), "name", "")
     if name in _TO_HOST_OPS and "meta" in _devices(args):
         target = kwargs.get("device")
@@ -96,11 +101,32 @@ def hidden_sync_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
     why = data_dependence(func, args, kwargs)
     if why is None:
         return None
-    where = drafter_location(sys._getframe(1)) or "an unknown line (no frame outside torch and the runtime)"
-    op = str(func)
+    where = drafter_location(sys._getframe(1)) or _UNKNOWN
+    return HiddenDeviceSync(_message(where, str(func), why, exc))
+
+
+def _message(where: str, op: str, why: str, exc: BaseException) -> str:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return HiddenDeviceSync(
+    return (
         f"hidden device sync at {where}: {op} {why}. On a GPU this stalls the step on the device and cannot be "
         f"captured in a CUDA graph; keep the value on the device or compute it from host-side metadata. "
         f"(torch: {first})"
     )
+
+
+@contextmanager
+def naming_hidden_syncs() -> Iterator[None]:
+    """Re-raise ``FakeTensorMode``'s data-dependent failures as ``HiddenDeviceSync`` at the drafter's line.
+
+    The replay under ``FakeTensorMode`` (a CUDA build of torch) reports a value
+    read as ``DataDependentOutputException`` and a data-dependent shape as
+    ``DynamicOutputShapeException``, whose text is only the aten op's name.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        why = _READS_VALUE if isinstance(exc, DataDependentOutputException) else _DATA_SHAPE
+        where = traceback_location(exc.__traceback__) or _UNKNOWN
+        raise HiddenDeviceSync(_message(where, str(exc.func), why, exc)) from exc

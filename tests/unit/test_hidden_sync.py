@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from specdec.testing.hidden_sync import HiddenDeviceSync
+from specdec.testing.hidden_sync import HiddenDeviceSync, naming_hidden_syncs
 from specdec.testing.meta_memo import MetaMemo
 
 x = torch.ones(4, device="meta")
@@ -72,3 +72,25 @@ def test_data_independent_ops_and_host_to_device_copies_run_unchanged() -> None:
         z = torch.repeat_interleave(ids, 2, output_size=8)
         w = torch.empty(4, device="meta").copy_(torch.ones(4))
     assert y.device.type == z.device.type == w.device.type == "meta" and z.shape == (8,)
+
+
+@pytest.mark.parametrize(
+    ("read", "why"),
+    [(lambda t: t.sum().item(), "reads a device value"), (lambda t: t[t > 0], "output shape that depends on the data")],
+    ids=["item", "boolean-mask"],
+)
+def test_fake_tensor_mode_failures_are_named_the_same_way(read: Callable[[torch.Tensor], object], why: str) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    line = inspect.getsourcelines(read)[1]
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises(HiddenDeviceSync) as info:
+        fake = mode.from_tensor(torch.ones(4))
+        with naming_hidden_syncs():
+            read(fake)
+    assert str(info.value).startswith(f"hidden device sync at {__file__}:{line} in <lambda>: aten.")
+    assert why in str(info.value)
+
+
+def test_naming_hidden_syncs_lets_other_errors_through() -> None:
+    with pytest.raises(ZeroDivisionError), naming_hidden_syncs():
+        _ = 1 / 0
