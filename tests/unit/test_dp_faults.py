@@ -33,7 +33,10 @@ from specdec.dp_group import (
     validate_timeout,
 )
 from specdec.dp_sync import sync_dp
+from specdec.engine import EngineConfig
+from specdec.nn.config import ModelConfig
 from specdec.testing.distributed import exit_description, run_gloo
+from specdec.testing.dp_run import DPRunSpec, run_in_process
 
 CFG = CaptureConfig()
 
@@ -99,6 +102,9 @@ def test_timeouts_are_validated_where_they_enter(bad: float) -> None:
         run_gloo(2, print, timeout_s=bad)  # rejected before any process starts
     with pytest.raises(ValueError, match="deadline_s must be"):
         run_gloo(2, print, deadline_s=bad)
+    one_rank = DPRunSpec(ModelConfig.tiny(), 0, EngineConfig(), ((),))
+    with pytest.raises(ValueError, match="timeout_s must be"):
+        run_in_process(one_rank, timeout_s=bad)
     with pytest.raises(ValueError, match="grace_s must be"):
         run_ranks(lambda g: None, in_process_world(2, timeout_s=1.0), grace_s=bad)
 
