@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+MAX_ITEMS = 16
+"""Items of one observed list, tuple, set or mapping shown in a message; the rest are counted."""
+
+MAX_CHARS = 600
+"""Characters of one observed string (or other repr) shown in a message; the rest are counted."""
+
+MAX_VALUE_CHARS = 2000
+"""Characters of one whole observed value (nested collections included) shown in a message."""
 
 
 class ContractViolation(Exception):
@@ -35,7 +45,7 @@ class ContractViolation(Exception):
 
     def _render(self) -> str:
         lines = [f"[{self.invariant_id}] {self.statement}"]
-        observed = ", ".join(f"{k}={v!r}" for k, v in self.observed.items())
+        observed = ", ".join(f"{k}={render_observed(v)}" for k, v in self.observed.items())
         lines.append(f"  observed: {observed}")
         if self.descriptor is not None:
             lines.append(f"  descriptor: {self.descriptor!r}")
@@ -81,3 +91,48 @@ def _rebuild(
         component=component,
         likely_cause=likely_cause,
     )
+
+
+def render_observed(value: Any) -> str:
+    """``repr`` of an observed value, with long collections and strings cut and the cut counted.
+
+    A message that lists ten thousand request ids hides the one that matters, so
+    every collection shows its first ``MAX_ITEMS`` items and says how many more
+    there are; ``ContractViolation.observed`` keeps the full values.
+    """
+    return _cut_text(_render(value), MAX_VALUE_CHARS)
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        shown = [f"{_render(k)}: {_render(v)}" for k, v in items[:MAX_ITEMS]]
+        return "{" + ", ".join(shown + _more(len(items))) + "}"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+        if isinstance(value, (set, frozenset)):
+            items = _sorted_if_possible(items)
+        shown = [_render(v) for v in items[:MAX_ITEMS]] + _more(len(items))
+        if isinstance(value, list):
+            return "[" + ", ".join(shown) + "]"
+        if isinstance(value, tuple):
+            return "(" + ", ".join(shown) + ("," if len(items) == 1 else "") + ")"
+        return "{" + ", ".join(shown) + "}" if items else f"{type(value).__name__}()"
+    return _cut_text(repr(value))
+
+
+def _more(count: int) -> list[str]:
+    return [f"... ({count - MAX_ITEMS:,} more)"] if count > MAX_ITEMS else []
+
+
+def _sorted_if_possible(items: list[Any]) -> list[Any]:
+    try:
+        return sorted(items)
+    except TypeError:
+        return items
+
+
+def _cut_text(text: str, limit: int = MAX_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"

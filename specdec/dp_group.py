@@ -7,6 +7,8 @@ the same number (DP-3), and both turn a peer that never arrives into a
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +25,23 @@ T = TypeVar("T")
 
 class DPCollectiveTimeout(RuntimeError):
     """A peer did not join a collective in time: it skipped one, died or hangs."""
+
+
+class DPRankStuck(DPCollectiveTimeout):
+    """A rank still ran after its peers had failed or timed out, past the grace period: it hangs outside a collective."""
+
+
+def validate_timeout(name: str, value: object) -> float:
+    """``value`` as a positive, finite number of seconds, or a ``ValueError`` that names ``name``.
+
+    A zero or negative timeout would fail every collective at once, and an
+    infinite one would turn a missing peer back into a hang.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
 
 
 @runtime_checkable
@@ -54,7 +73,7 @@ class _Rendezvous:
 
     def __init__(self, size: int, timeout_s: float) -> None:
         self.size = size
-        self.timeout_s = timeout_s
+        self.timeout_s = validate_timeout("timeout_s", timeout_s)
         self.cond = threading.Condition()
         self.generation = 0
         self.arrived: dict[int, tuple[str, int, Tensor]] = {}
@@ -62,8 +81,16 @@ class _Rendezvous:
         self.unread: dict[int, int] = {}
         self.seqs = [0] * size
         self.failed: str | None = None
+        self.doing = ["not in a collective yet"] * size
+        """What each rank did last, in words: how a rank stuck outside a collective is reported."""
 
     def exchange(self, rank: int, name: str, seq: int, value: Tensor) -> list[tuple[str, int, Tensor]]:
+        self.doing[rank] = f"waiting in collective #{seq} ({name!r})"
+        gathered = self._exchange(rank, name, seq, value)
+        self.doing[rank] = f"running after collective #{seq} ({name!r}) returned"
+        return gathered
+
+    def _exchange(self, rank: int, name: str, seq: int, value: Tensor) -> list[tuple[str, int, Tensor]]:
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
             if self.failed is not None:
@@ -144,37 +171,85 @@ def in_process_world(size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[In
     return [InProcessDPGroup(rendezvous, rank) for rank in range(size)]
 
 
-def run_ranks(fn: Callable[[InProcessDPGroup], T], groups: Sequence[InProcessDPGroup]) -> list[T]:
+def run_ranks(
+    fn: Callable[[InProcessDPGroup], T], groups: Sequence[InProcessDPGroup], *, grace_s: float | None = None
+) -> list[T]:
     """Run ``fn`` on every rank in its own thread; re-raise the first rank's error.
 
     Errors are ranked so that the root cause wins: a contract violation or other
     failure on some rank is raised in preference to the timeouts it caused in its
-    peers.
+    peers. Every wait is bounded: once a rank has failed, the others have
+    ``grace_s`` (default: the world's collective timeout) to finish; a rank still
+    running then hangs outside a collective (no collective timeout can reach it),
+    and is reported as ``DPRankStuck`` with its number, what it did last and the
+    line it is running. Rank threads are daemons, so a stuck one never keeps the
+    process alive.
     """
+    if not groups:
+        return []
+    rv = groups[0]._rv
+    grace = validate_timeout("grace_s", grace_s if grace_s is not None else rv.timeout_s)
     results: list[Any] = [None] * len(groups)
     errors: list[BaseException | None] = [None] * len(groups)
+    finished = threading.Condition()
+    first_failure: list[float] = []
 
     def work(i: int) -> None:
         try:
             results[i] = fn(groups[i])
         except BaseException as exc:  # re-raised below, in the caller's thread
             errors[i] = exc
-            rv = groups[i]._rv
             with rv.cond:
                 if rv.failed is None:
                     rv.failed = f"DP rank {i} failed: {type(exc).__name__}: {exc}"
                 rv.cond.notify_all()
+        finally:
+            with finished:
+                if errors[i] is not None and not first_failure:
+                    first_failure.append(time.monotonic())
+                finished.notify_all()
 
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(groups))]
+    threads = [threading.Thread(target=work, args=(i,), daemon=True, name=f"dp-rank-{i}") for i in range(len(groups))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    with finished:
+        while any(t.is_alive() for t in threads):
+            if first_failure and time.monotonic() - first_failure[0] >= grace:
+                break
+            wait = grace - (time.monotonic() - first_failure[0]) if first_failure else None
+            finished.wait(timeout=min(wait, 1.0) if wait is not None else 1.0)
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
     root = [e for e in errors if e is not None and not isinstance(e, DPCollectiveTimeout)]
     timeouts = [e for e in errors if e is not None]
+    if stuck:
+        report = DPRankStuck(_stuck_report(stuck, threads, rv, errors, grace))
+        if root:
+            root[0].add_note(str(report))
+            raise root[0]
+        raise report from (timeouts[0] if timeouts else None)
     if root or timeouts:
         raise (root or timeouts)[0]
     return list(results)
+
+
+def _stuck_report(
+    stuck: list[int], threads: list[threading.Thread], rv: _Rendezvous, errors: list[BaseException | None], grace: float
+) -> str:
+    failed = [i for i, e in enumerate(errors) if e is not None]
+    first = next(e for e in errors if e is not None)
+    lines = [
+        f"DP rank(s) {stuck} still running {grace:.1f}s after rank(s) {failed} failed "
+        f"({type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}); "
+        "a rank blocked outside a collective, which no collective timeout can end:"
+    ]
+    frames = sys._current_frames()
+    for i in stuck:
+        frame = frames.get(threads[i].ident or -1)
+        while frame is not None and frame.f_back is not None and frame.f_code.co_filename == threading.__file__:
+            frame = frame.f_back  # a wait inside ``threading``: the caller's line is the one to read
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "unknown"
+        lines.append(f"  rank {i}: last {rv.doing[i]}; now at {where}")
+    return "\n".join(lines)
 
 
 class TorchDistributedDPGroup:
@@ -231,6 +306,7 @@ def init_torch_distributed(
     """Initialise the default process group with a bounded collective timeout."""
     import torch.distributed as dist
 
+    timeout_s = validate_timeout("timeout_s", timeout_s)
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
     )

@@ -10,8 +10,6 @@ maximum, so all ranks run the same padded token count.
 
 from __future__ import annotations
 
-import zlib
-
 import torch
 
 from contracts import (
@@ -24,6 +22,7 @@ from contracts import (
     Subject,
     check,
 )
+from contracts.invariants.dp import purpose_tag
 from specdec.dispatch import CaptureConfig, dispatch
 from specdec.dp_group import DPGroup
 
@@ -31,11 +30,6 @@ IDLE_DUMMY_TOKENS = 1
 """Tokens an idle rank runs in an eager step while its peers are busy."""
 
 _TOKENS, _MODE, _UNIFORM, _REQS, _SEQ, _PURPOSE = range(6)
-
-
-def purpose_tag(name: str) -> int:
-    """A stable integer for a sync's purpose ("target", "draft", ...), exchanged with the counts."""
-    return zlib.crc32(name.encode())
 
 
 def sync_dp(

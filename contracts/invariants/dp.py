@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING
 
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
     from contracts.facts import DPFacts
+
+
+_PURPOSE_NAMES: dict[int, str] = {}
+"""Every purpose this process has tagged, by tag: how DP-3 names the syncs that its ranks paired."""
+
+ENGINE_PURPOSE = "target"
+"""The purpose of the engine's own sync of every step; drafters' syncs carry their own names."""
+
+
+def purpose_tag(name: str) -> int:
+    """A stable integer for a sync's purpose ("target", "draft", ...), exchanged with the counts.
+
+    The name is remembered, so a DP-3 message names the purposes its ranks synced for.
+    """
+    tag = zlib.crc32(name.encode())
+    _PURPOSE_NAMES[tag] = name
+    return tag
+
+
+def purpose_name(tag: int) -> str:
+    """The name behind ``tag``, or a note that this process never synced for it (a peer's own purpose)."""
+    name = _PURPOSE_NAMES.get(tag)
+    return name if name is not None else f"<purpose tag {tag}, never synced by this process>"
+
+
+def _quoted(tag: int) -> str:
+    return repr(_PURPOSE_NAMES[tag]) if tag in _PURPOSE_NAMES else purpose_name(tag)
+
+
+purpose_tag(ENGINE_PURPOSE)
 
 
 @invariant(
@@ -74,8 +105,49 @@ def dp_2(facts: DPFacts, _: ValueReader) -> Observed | None:
 def dp_3(facts: DPFacts, _: ValueReader) -> Observed | None:
     seqs = facts.collective_seqs
     if seqs is not None and len(set(seqs)) > 1:
-        return {"rank": facts.rank, "(collectives run, purpose tag) per rank": list(seqs)}
+        return {
+            "rank": facts.rank,
+            "collectives run before this sync, per rank": [n for n, _ in seqs],
+            "purpose per rank": [purpose_name(tag) for _, tag in seqs],
+            "diverged": diverged_ranks(seqs),
+        }
     peers = facts.peer_states
     if peers is not None and any(p != facts.state for p in peers):
         return {"rank": facts.rank, "sync results": [repr(p) for p in peers]}
     return None
+
+
+def diverged_ranks(seqs: tuple[tuple[int, int], ...]) -> str:
+    """Which ranks left the others' sequence of collectives, and how, in words.
+
+    The reference is the largest group of ranks that agree on (collectives run,
+    purpose); on a tie, the group that ran more collectives, then the one not at
+    the engine's own sync: a rank that skipped a drafter's sync arrives early at
+    the next step's engine sync, with fewer collectives behind it.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for rank, key in enumerate(seqs):
+        groups.setdefault(key, []).append(rank)
+    engine = purpose_tag(ENGINE_PURPOSE)
+    order = sorted(groups, key=lambda k: (-len(groups[k]), -k[0], k[1] == engine, groups[k][0]))
+    ref_n, ref_tag = order[0]
+    ref = _ranks(groups[order[0]])
+    sentences = []
+    for n, tag in order[1:]:
+        who = _ranks(groups[(n, tag)])
+        if n != ref_n:
+            fewer = n < ref_n
+            purposes = f", and synced for {_quoted(tag)} where {ref} synced for {_quoted(ref_tag)}"
+            sentences.append(
+                f"{who} ran {abs(ref_n - n)} {'fewer' if fewer else 'more'} collective(s) than {ref} before this sync "
+                f"({'skipped one its peers ran' if fewer else 'ran one its peers skipped'})"
+                + (purposes if tag != ref_tag else f", both at a {_quoted(tag)} sync")
+            )
+        else:
+            skipped = f": it skipped the {_quoted(ref_tag)} sync" if tag == engine != ref_tag else ""
+            sentences.append(f"{who} synced for {_quoted(tag)} where {ref} synced for {_quoted(ref_tag)}{skipped}")
+    return "; ".join(sentences)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))

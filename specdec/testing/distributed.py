@@ -1,21 +1,31 @@
 """Run a function on N real ``torch.distributed`` (gloo) ranks on loopback, never hanging.
 
-Each rank is a spawned process with a bounded collective timeout; the parent
-waits with its own deadline and kills stragglers, so a rank that skips a
-collective fails the caller with the rank's own error instead of hanging CI.
+Each rank is a spawned process with a bounded collective timeout that reports
+on its own pipe. The parent waits on those pipes and on the processes'
+sentinels together, so a rank that dies without reporting (killed, crashed
+interpreter) is named with its exit code or signal as soon as it is gone, not
+at the deadline. Once any rank has failed, the others get the collective
+timeout plus a margin to report; stragglers are then killed, so a rank that
+skips a collective fails the caller with the rank's own error instead of
+hanging CI.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import queue
+import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from specdec.dp_group import TorchDistributedDPGroup, init_torch_distributed
+from specdec.dp_group import DPCollectiveTimeout, TorchDistributedDPGroup, init_torch_distributed, validate_timeout
+
+REPORT_MARGIN_S = 10.0
+"""How long, past the collective timeout, the other ranks have to report once one rank failed."""
 
 
 class DistributedRunError(RuntimeError):
@@ -24,6 +34,23 @@ class DistributedRunError(RuntimeError):
     def __init__(self, message: str, errors: dict[int, BaseException]) -> None:
         super().__init__(message)
         self.errors = errors
+
+
+class RankDied(RuntimeError):
+    """A rank's process ended without reporting a result or an error: killed, or its interpreter crashed."""
+
+
+def exit_description(exitcode: int | None) -> str:
+    """A process's end in words: a negative exit code is the signal that killed it."""
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
 
 
 def free_port() -> int:
@@ -40,7 +67,7 @@ def _rank_main(
     contract_mode: str,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
-    out: Any,
+    out: Connection,
 ) -> None:
     import torch.distributed as dist
 
@@ -50,12 +77,12 @@ def _rank_main(
     try:
         group = init_torch_distributed(rank, size, f"tcp://127.0.0.1:{port}", timeout_s=timeout_s)
         result = fn(group, *args)
-        out.put((rank, True, result))
+        out.send((True, result))
     except BaseException as exc:
         try:
-            out.put((rank, False, exc))
+            out.send((False, exc))
         except Exception:  # an unpicklable error still reaches the parent as text
-            out.put((rank, False, RuntimeError(traceback.format_exc())))
+            out.send((False, RuntimeError(traceback.format_exc())))
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -78,35 +105,90 @@ def run_gloo(
     """
     import contracts
 
+    timeout_s = validate_timeout("timeout_s", timeout_s)
+    deadline_s = validate_timeout("deadline_s", deadline_s)
     mode = contract_mode or contracts.current_mode().value
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
     port = free_port()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(size)]
     procs = [
-        ctx.Process(target=_rank_main, args=(rank, size, port, timeout_s, mode, fn, args, out), daemon=True)
+        ctx.Process(target=_rank_main, args=(rank, size, port, timeout_s, mode, fn, args, pipes[rank][1]), daemon=True)
         for rank in range(size)
     ]
     for p in procs:
         p.start()
+    for _, send in pipes:
+        send.close()  # the child holds its own end: a dead child's pipe reads as closed, not as empty
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     try:
-        for _ in range(size):
-            rank, ok, value = out.get(timeout=deadline_s)
-            (results if ok else errors)[rank] = value
-    except queue.Empty:
-        missing = sorted(set(range(size)) - set(results) - set(errors))
-        errors.update({r: TimeoutError(f"rank {r} reported nothing within {deadline_s}s") for r in missing})
+        _collect(procs, [recv for recv, _ in pipes], results, errors, timeout_s, deadline_s)
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join()
+        for recv, _ in pipes:
+            recv.close()
     if errors:
-        from specdec.dp_group import DPCollectiveTimeout
-
-        ordered = sorted(errors.items(), key=lambda kv: (isinstance(kv[1], DPCollectiveTimeout), kv[0]))
+        ordered = sorted(errors.items(), key=lambda kv: (isinstance(kv[1], (DPCollectiveTimeout, TimeoutError)), kv[0]))
         summary = "; ".join(f"rank {r}: {type(e).__name__}: {str(e).splitlines()[0]}" for r, e in ordered)
         raise DistributedRunError(f"{len(errors)} of {size} gloo ranks failed: {summary}", dict(ordered))
     return [results[r] for r in range(size)]
+
+
+def _collect(
+    procs: list[Any],
+    pipes: list[Connection],
+    results: dict[int, Any],
+    errors: dict[int, BaseException],
+    timeout_s: float,
+    deadline_s: float,
+) -> None:
+    """Wait for every rank's report or death; bounded by the deadline, and by the collective timeout once one failed."""
+    start = time.monotonic()
+    deadline = start + deadline_s
+    pending = set(range(len(procs)))
+    first_failure: float | None = None
+    while pending:
+        now = time.monotonic()
+        limit = deadline if first_failure is None else min(deadline, first_failure + timeout_s + REPORT_MARGIN_S)
+        if now >= limit:
+            break
+        waitables: list[Any] = [pipes[r] for r in pending] + [procs[r].sentinel for r in pending]
+        ready = set(wait(waitables, timeout=limit - now))
+        for r in sorted(pending):
+            if pipes[r] in ready or procs[r].sentinel in ready:
+                report = _read_report(r, pipes[r], procs[r])
+                if report is None:
+                    continue  # the sentinel fired before the pipe drained: read again next round
+                ok, value = report
+                (results if ok else errors)[r] = value
+                pending.discard(r)
+                if not ok and first_failure is None:
+                    first_failure = time.monotonic()
+    for r in sorted(pending):
+        if first_failure is None:
+            why = f"rank {r} reported nothing within the {deadline_s:g}s deadline"
+        else:
+            failed = sorted(errors)
+            why = (
+                f"rank {r} reported nothing {timeout_s + REPORT_MARGIN_S:g}s after rank(s) {failed} failed "
+                f"(collective timeout {timeout_s:g}s): it hangs outside a collective; killed"
+            )
+        errors[r] = TimeoutError(why)
+
+
+def _read_report(rank: int, pipe: Connection, proc: Any) -> tuple[bool, Any] | None:
+    """The rank's (ok, value), a ``RankDied`` when its process ended silently, or ``None`` when not ready yet."""
+    try:
+        if pipe.poll():
+            ok, value = pipe.recv()
+            return bool(ok), value
+    except (EOFError, OSError):
+        pass  # the child's end closed with nothing in it: the process is gone
+    proc.join(timeout=5)
+    if proc.exitcode is None:
+        return None
+    return False, RankDied(f"rank {rank} {exit_description(proc.exitcode)} before reporting a result")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from contracts import CUDAGraphMode
 from specdec.dispatch import CaptureConfig
-from specdec.dp_group import DPGroup, in_process_world, run_ranks
+from specdec.dp_group import DPGroup, in_process_world, run_ranks, validate_timeout
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
@@ -96,6 +96,7 @@ def run_rank(group: DPGroup | None, spec: DPRunSpec, rank: int = 0) -> RankResul
 
 def run_in_process(spec: DPRunSpec, timeout_s: float = 30.0) -> list[RankResult]:
     """All ranks as threads of this process (the fast path for tests and the matrix)."""
+    timeout_s = validate_timeout("timeout_s", timeout_s)  # also for one rank, which runs no collective
     with injected(spec.mutants):  # process-wide, so once for all rank threads
         if spec.dp_size == 1:
             return [run_rank(None, spec)]

@@ -14,6 +14,8 @@ mutated, no output aliasing an input, every output a plain tensor), whose
 outputs are all meta tensors, with every argument understood. Everything else
 (in-place ops, views, host tensors, value reads that must fail on meta) runs
 the real kernel, and a call that raised is never cached, so it raises again.
+An op that fails because it needs device data on the host is re-raised as a
+``HiddenDeviceSync`` that names the drafter's line (``hidden_sync``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdec.testing.hidden_sync import hidden_sync_error
 
 _UNCACHEABLE_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 _ATOMS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -98,11 +102,11 @@ class MetaMemo(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         if not _functional(func):
-            return func(*args, **kwargs)
+            return _run(func, args, kwargs)
         try:
             key = (func, torch.get_default_dtype(), _key(args), _key(tuple(sorted(kwargs.items()))))
         except _Unhashable:
-            return func(*args, **kwargs)
+            return _run(func, args, kwargs)
         specs = self.cache.get(key)
         if specs is not None:
             self.hits += 1
@@ -111,10 +115,21 @@ class MetaMemo(TorchDispatchMode):
             )
             return out[0] if len(out) == 1 else out
         self.misses += 1
-        result = func(*args, **kwargs)
+        result = _run(func, args, kwargs)
         outputs = result if isinstance(result, tuple) else (result,)
         if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in outputs):
             if len(self.cache) >= self.max_entries:
                 self.cache.clear()
             self.cache[key] = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
         return result
+
+
+def _run(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The real kernel; a failure that is a hidden device sync is re-raised as one, at the drafter's line."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        named = hidden_sync_error(func, args, kwargs, exc)
+        if named is None:
+            raise
+        raise named from exc
