@@ -61,7 +61,7 @@ def resolve(pretrained: str | Path, backend: str) -> Path:
         )
         raise FileNotFoundError(
             f"no trained {backend} drafter weights at {path}; shipped: {', '.join(shipped) or 'none'} "
-            "(train one with `python -m backends.training.cli train`)"
+            "(train one with `specdec train drafter`)"
         )
     verify_card(path, required=by_name)
     return path

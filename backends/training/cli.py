@@ -1,12 +1,16 @@
-"""``python -m backends.training.cli``: build a real target's training features, train a drafter, measure tau.
+"""``specdec train``: build a real target's training features, train a drafter, measure tau.
 
 Three steps, each a subcommand, so one feature file (the expensive target
 pass) serves all three drafters::
 
-    python -m backends.training.cli features --model smollm2-135m-instruct --out /tmp/feats.safetensors
-    python -m backends.training.cli train --backend eagle --features /tmp/feats.safetensors --steps 600 \\
+    specdec train features --model smollm2-135m-instruct --out feats.safetensors
+    specdec train drafter --backend eagle --features feats.safetensors --steps 600 \\
         --out backends/weights/smollm2-135m-instruct/eagle.safetensors
-    python -m backends.training.cli tau --model smollm2-135m-instruct --backend eagle
+    specdec train tau --model smollm2-135m-instruct --backend eagle
+
+``specdec`` finds this command through the ``specdec.commands`` entry point;
+``python -m backends.training.cli`` runs the same parser (``train`` is an
+alias of ``drafter``, the name older model cards record).
 
 Step counts are fixed (never a time limit), so a run is reproducible from its
 command line; wall time is printed and recorded in the weights' metadata.
@@ -137,8 +141,8 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command that ran, for a file's record (the arguments ``main`` got, not the process's)."""
-    return "python -m backends.training.cli " + shlex.join(args.argv)
+    """The command that ran, for a file's record (the arguments the parser got, not the process's)."""
+    return f"{args.prog} " + shlex.join(args.argv)
 
 
 def load_features(path: str) -> tuple[str, list[str], Any]:
@@ -347,10 +351,12 @@ def cmd_tau(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backends.training.cli", description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The steps as subcommands of ``parser``: ``specdec train`` (entry point ``specdec.commands``) or ``main``."""
+    from specdec.cli.argtypes import positive_int
+
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    sub = parser.add_subparsers(dest="step", required=True, metavar="{features,drafter,tau,vocab}")
 
     f = sub.add_parser("features", help="generate target continuations and run the target over the corpus")
     f.add_argument("--model", required=True)
@@ -370,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--top-k", type=int, default=8, help="target probabilities kept per position (DSpark's TV)")
     f.set_defaults(run=cmd_features)
 
-    t = sub.add_parser("train", help="train one drafter on a feature file and write its safetensors")
+    t = sub.add_parser(
+        "drafter", aliases=["train"], help="train one drafter on a feature file and write its safetensors and card"
+    )
     t.add_argument("--backend", choices=BACKENDS, required=True)
     t.add_argument("--features", required=True)
     t.add_argument("--out", required=True)
@@ -414,13 +422,48 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--file", required=True, help="the drafter .safetensors to rewrite")
     v.add_argument("--size", type=int, required=True, help="the most frequent target labels kept")
     v.set_defaults(run=cmd_vocab)
+    parser.set_defaults(func=run_step, prog=parser.prog)
 
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """The files and the model a step reads exist before anything expensive starts (a mistake is a usage error)."""
+    from specdec.cli.errors import UsageError, check_model
+
+    for option in ("features", "file", "init"):
+        value = getattr(args, option, None)
+        if value is not None and not Path(value).is_file():
+            raise UsageError(f"--{option} {value}: no such file")
+    weights = getattr(args, "weights", None)
+    if weights not in (None, "random") and not Path(weights).is_file():
+        raise UsageError(f"--weights {weights}: no such file; expected 'random', a .safetensors path, or nothing")
+    if getattr(args, "model", None) is not None:
+        check_model(args.model)
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).is_dir():
+        raise UsageError(f"--out {out} is a folder; expected the path of the file to write")
+
+
+def run_step(args: argparse.Namespace) -> int:
+    """Run the chosen step; ``args.argv`` (the command's own arguments) is what a written file records."""
+    check_inputs(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     code: int = args.run(args)
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdec.cli.errors import EXIT_USAGE, UsageError, report
+
+    parser = argparse.ArgumentParser(prog="python -m backends.training.cli", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return run_step(args)
+    except UsageError as exc:
+        report(str(exc))
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ module. A user's mistake ends in one line (``specdec: error: ...``, exit 2;
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 from specdec.cli.argtypes import positive_int, seed
@@ -373,6 +375,36 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+COMMAND_GROUP = "specdec.commands"
+"""Entry points adding subcommands: ``name = "module:add_arguments"``, a function that adds the command's options
+to its parser and sets ``func`` (what ``specdec train`` is; ``specdec`` itself never imports ``backends``)."""
+
+
+def installed_commands() -> dict[str, Command]:
+    """Subcommands from ``specdec.commands`` entry points, loaded only when the command runs."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Command] = {}
+    for ep in entry_points(group=COMMAND_GROUP):
+        if ep.name in COMMANDS:
+            continue  # a built-in name cannot be taken over
+        dist = ep.dist.name if ep.dist is not None else "an installed package"
+        found[ep.name] = Command(
+            f"installed by {dist} (`specdec {ep.name} --help`)",
+            f"A command installed by {dist} through the {COMMAND_GROUP!r} entry point ({ep.value}).",
+            functools.partial(_build_installed, ep),
+        )
+    return found
+
+
+def _build_installed(ep: EntryPoint, parser: argparse.ArgumentParser) -> None:
+    ep.load()(parser)
+
+
+def all_commands() -> dict[str, Command]:
+    return {**COMMANDS, **installed_commands()}
+
+
 def build_parser(only: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
     """The parser; with ``every=False`` only the command ``only`` gets its options (the others list in --help)."""
     from specdec import __version__
@@ -380,7 +412,7 @@ def build_parser(only: str | None = None, *, every: bool = True) -> argparse.Arg
     parser = Parser(prog="specdec", description="Contract-checked speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, command in COMMANDS.items():
+    for name, command in all_commands().items():
         p = sub.add_parser(name, help=command.help, description=command.description)
         if every or name == only:
             command.build(p)
@@ -399,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is not None:  # before building the command's options, which may import contracts
             check_contract_env(dict(os.environ))
         args = build_parser(command, every=False).parse_args(words)
+        args.argv = words[words.index(command) + 1 :] if command is not None else []  # what the command got
         return int(args.func(args))
     except UsageError as exc:
         report(str(exc))

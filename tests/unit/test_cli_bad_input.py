@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from specdec.cli.errors import CONTRACT_MODES
-from specdec.cli.main import COMMANDS, main
+from specdec.cli.main import all_commands, main
 
 BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
     "": [([], "required: COMMAND"), (["nosuch"], "invalid choice: 'nosuch'")],
@@ -82,6 +82,16 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["mutate", "--mutants", "bogus"], "unknown mutant(s) ['bogus']"),
         (["mutate", "-n", "-3"], "--examples/-n: -3 is out of range"),
     ],
+    "train": [
+        (["train"], "required: {features,drafter,tau,vocab}"),
+        (["train", "drafter", "--backend", "medusa"], "invalid choice: 'medusa'"),
+        (
+            ["train", "drafter", "--backend", "eagle", "--features", "no.safetensors", "--out", "x", "--steps", "1"],
+            "--features no.safetensors: no such file",
+        ),
+        (["train", "tau", "--model", "nosuch", "--backend", "eagle"], "unknown model 'nosuch'"),
+        (["train", "--threads", "0", "tau"], "--threads: 0 is out of range"),
+    ],
     "vllm-check": [(["vllm-check", "--contracts", "some"], "invalid choice: 'some'")],
 }
 
@@ -100,7 +110,7 @@ def exit_code(argv: list[str]) -> int:
 
 
 def test_every_subcommand_has_bad_input_cases() -> None:
-    assert set(BAD_INPUT) == {"", *COMMANDS}
+    assert set(BAD_INPUT) == {"", *all_commands()}
 
 
 @pytest.mark.parametrize(("argv", "expected"), CASES)
@@ -115,7 +125,7 @@ def test_a_users_mistake_is_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(all_commands()))
 def test_a_bad_specdec_contracts_is_a_usage_error_in_every_command(command: str) -> None:
     # A fresh process: importing contracts under a bad mode raises, so the CLI must check first.
     env = {**os.environ, "SPECDEC_CONTRACTS": "bogus"}
