@@ -99,8 +99,12 @@ def _rate(records: Sequence[RunRecord]) -> float:
     return sum(r.tokens for r in records) / wall if wall > 0 else 0.0
 
 
-def peer_section(records: Sequence[RunRecord], peer_name: str) -> dict[str, Any]:
-    """Engine plain vs the transformers peer: tokens/s ratios per round, per suite and overall, and token agreement."""
+def peer_section(records: Sequence[RunRecord], peer_name: str, lookup_name: str | None = None) -> dict[str, Any]:
+    """Engine plain vs the transformers peer: tokens/s ratios per round, per suite and overall, and token agreement.
+
+    With ``lookup_name``, transformers' own speculative decoding (prompt lookup)
+    against its own plain ``generate`` in the same rounds, next to ours.
+    """
     mine = [r for r in records if r.runner in (PLAIN, peer_name)]
     suites = []
     for suite in dict.fromkeys(r.suite for r in mine):
@@ -122,7 +126,20 @@ def peer_section(records: Sequence[RunRecord], peer_name: str) -> dict[str, Any]
             }
         )
     overall = pair_ratios([r for r in mine if r.batch_size == 1 and r.temperature == 0.0], peer_name).get(PLAIN, [])
-    return {"status": "ok", "suites": suites, "engine_over_transformers": _spread_dict(overall)}
+    section: dict[str, Any] = {"status": "ok", "suites": suites, "engine_over_transformers": _spread_dict(overall)}
+    lookup = [r for r in records if r.runner == lookup_name]
+    if lookup and lookup_name is not None:
+        theirs = [r for r in records if r.runner == peer_name]
+        plain = {r.round_key: r for r in theirs}
+        same = [plain[r.round_key].outputs == r.outputs for r in lookup if r.round_key in plain]
+        section["prompt_lookup"] = {
+            "runner": lookup_name,
+            "tokens_per_s": _rate(lookup),
+            "speedup_over_transformers": _spread_dict(pair_ratios(theirs + lookup, peer_name).get(lookup_name, [])),
+            "same_tokens": sum(same),
+            "compared": len(same),
+        }
+    return section
 
 
 def contract_section(
@@ -184,6 +201,7 @@ def run_bench(
     options: BenchOptions,
     *,
     peer: Runner | None = None,
+    peer_lookup: Runner | None = None,
     peer_info: dict[str, Any] | None = None,
     peer_reason: str = "disabled (--no-peer)",
     on_run: Callable[[RunRecord], None] = lambda _: None,
@@ -196,8 +214,8 @@ def run_bench(
     runners: list[Runner] = [EngineRunner(PLAIN, target)]
     for drafter in drafters.values():
         runners.append(EngineRunner(drafter.name, target, lambda d=drafter: d.build(target)))  # type: ignore[misc]
-    if peer is not None:
-        runners.append(peer)
+    peers = [r for r in (peer, peer_lookup) if r is not None]
+    runners += peers
     records: list[RunRecord] = []
 
     def collect(record: RunRecord) -> None:
@@ -230,7 +248,7 @@ def run_bench(
             lambda ids: top_two(target, ids),
             tie_tolerance=tie_tolerance_for(options.torch_dtype),
             relative_tolerance=relative_tie_tolerance_for(options.torch_dtype),
-            skip=() if peer is None else (peer.name,),
+            skip=tuple(r.name for r in peers),
         )
     finally:
         contracts.set_mode(previous)
@@ -267,7 +285,10 @@ def run_bench(
         "lossless": lossless.as_dict(),
         "peer": {"status": "skipped", "reason": peer_reason}
         if peer is None
-        else {**peer_section(records, peer.name), "info": peer_info or {}},
+        else {
+            **peer_section(records, peer.name, None if peer_lookup is None else peer_lookup.name),
+            "info": {**(peer_info or {}), "prompt_lookup_num_tokens": options.prompt_lookup if peer_lookup else 0},
+        },
         "contracts": contract,
         "runs": [r.as_dict() for r in records],
     }
@@ -295,14 +316,14 @@ def contract_workload(workloads: Sequence[Workload]) -> Workload | None:
     return next((w for w in with_singles if w.suite == HEADLINE_SUITE), with_singles[0] if with_singles else None)
 
 
-def count_runs(workloads: Sequence[Workload], options: BenchOptions, with_peer: bool) -> int:
+def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int) -> int:
     """How many runs ``run_bench`` will make (for the progress bar)."""
     engines = 1 + len(options.backends)
     total = 0
     for w in workloads:
         for size in options.batch_sizes:
             for t in options.temperatures:
-                per = engines + (1 if with_peer and size == 1 and t == 0.0 else 0)
+                per = engines + (peers if size == 1 and t == 0.0 else 0)
                 total += len(w.batches(size)) * options.repeats * per
     home = contract_workload(workloads)
     if options.modes_backend is not None and home is not None:
@@ -385,7 +406,9 @@ def run(args: argparse.Namespace) -> int:
             TimeRemainingColumn(),
         )
         with Progress(*columns, console=console) as progress:
-            task = progress.add_task("warming up (untimed)", total=count_runs(workloads, options, peer is not None))
+            lookup = peer.prompt_lookup(options.prompt_lookup) if peer is not None and options.prompt_lookup else None
+            peers = sum(r is not None for r in (peer, lookup))
+            task = progress.add_task("warming up (untimed)", total=count_runs(workloads, options, peers))
 
             def advance(record: RunRecord) -> None:
                 label = f"{record.batch_key} T={record.temperature:g} {record.runner}"
@@ -397,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
                 stop,
                 options,
                 peer=peer,
+                peer_lookup=lookup,
                 peer_info=peer_info,
                 peer_reason=peer_reason,
                 on_run=advance,

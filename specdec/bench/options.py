@@ -42,6 +42,8 @@ class BenchOptions:
     contract_backend: str | None = None
     contract_prompts: int = 2
     peer: bool = True
+    prompt_lookup: int = 10
+    """transformers' own speculative peer: ``generate(prompt_lookup_num_tokens=N)`` beside its plain generate; 0: off."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -64,6 +66,7 @@ class BenchOptions:
             "singles": self.singles >= (1 if 1 in self.batch_sizes else 0),
             "groups": self.groups >= (1 if self.group_size in self.batch_sizes and self.group_size != 1 else 0),
             "contract_prompts": self.contract_prompts >= 0,
+            "prompt_lookup": self.prompt_lookup >= 0,
             "threads": self.threads is None or self.threads >= 1,
             "temperatures": bool(self.temperatures) and all(t >= 0 for t in self.temperatures),
         }
@@ -135,6 +138,8 @@ class BenchOptions:
             args += ["--contract-backend", self.contract_backend]
         if not self.peer:
             args.append("--no-peer")
+        elif self.prompt_lookup != BenchOptions.prompt_lookup:
+            args += ["--prompt-lookup", str(self.prompt_lookup)]
         if self.batch_invariant:
             args.append("--batch-invariant")
         return shlex.join(args)
@@ -194,6 +199,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="also time transformers generate (batch 1, greedy) in a subprocess",
     )
+    p.add_argument(
+        "--prompt-lookup",
+        type=int,
+        default=BenchOptions.prompt_lookup,
+        metavar="N",
+        help="with the peer: also run transformers' own speculative decoding, generate(prompt_lookup_num_tokens=N), "
+        f"and report its speedup over its plain generate; 0 turns it off (default: {BenchOptions.prompt_lookup})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes, every code path once (figures meaningless)")
     p.add_argument("--out", default="bench-results", help="output folder: bench.json, bench.md, *.png")
@@ -221,6 +234,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "contracts": args.contracts,
         "contract_backend": args.contract_backend,
         "peer": args.peer,
+        "prompt_lookup": args.prompt_lookup,
         "seed": args.seed,
     }
     for name in ("max_tokens", "singles", "group_size", "groups", "repeats", "contract_prompts"):

@@ -27,6 +27,8 @@ from specdec.bench.runner import RunRecord, RunSpec
 from specdec.bench.suites import Batch
 
 PEER = "transformers"
+PROMPT_LOOKUP = "transformers-pld"
+"""transformers' own speculative decoding (prompt lookup: drafts copied from the prompt), served by the same child."""
 
 
 class PeerUnavailable(RuntimeError):
@@ -73,17 +75,30 @@ class TransformersPeer:
         return batch_size == 1 and spec.greedy
 
     def run(self, batch: Batch, spec: RunSpec, repeat: int) -> RunRecord:
+        return self.generate(self.name, 0, batch, spec, repeat)
+
+    def prompt_lookup(self, num_tokens: int) -> PromptLookupPeer:
+        """transformers' prompt-lookup decoding as a runner of its own, served by this peer's child."""
+        return PromptLookupPeer(self, num_tokens)
+
+    def generate(self, name: str, prompt_lookup: int, batch: Batch, spec: RunSpec, repeat: int) -> RunRecord:
+        """One ``generate`` in the child (with ``prompt_lookup_num_tokens`` when it is above 0), as ``name``."""
         if not self.supports(batch.size, spec):
             raise ValueError(f"the transformers peer runs batch 1 greedy only, not {batch.key} at T={spec.temperature}")
         self.wait_ready()
         assert self._proc.stdin is not None
         prompt = batch.prompts[0]
-        request = {"ids": list(prompt.ids), "max_new_tokens": spec.max_tokens, "eos": list(spec.stop_token_ids)}
+        request = {
+            "ids": list(prompt.ids),
+            "max_new_tokens": spec.max_tokens,
+            "eos": list(spec.stop_token_ids),
+            "prompt_lookup": prompt_lookup,
+        }
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         answer = self._read()
         return RunRecord(
-            runner=self.name,
+            runner=name,
             suite=batch.suite,
             batch_size=1,
             batch_key=batch.key,
@@ -105,6 +120,24 @@ class TransformersPeer:
                 self._proc.kill()
                 self._proc.wait()
         self._log.close()
+
+
+class PromptLookupPeer:
+    """transformers ``generate(prompt_lookup_num_tokens=N)``: its own speculative peer, next to its plain generate."""
+
+    name = PROMPT_LOOKUP
+
+    def __init__(self, peer: TransformersPeer, num_tokens: int) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"prompt lookup drafts at least 1 token, got {num_tokens}")
+        self.peer = peer
+        self.num_tokens = num_tokens
+
+    def supports(self, batch_size: int, spec: RunSpec) -> bool:
+        return self.peer.supports(batch_size, spec)
+
+    def run(self, batch: Batch, spec: RunSpec, repeat: int) -> RunRecord:
+        return self.peer.generate(self.name, self.num_tokens, batch, spec, repeat)
 
 
 # -- the child ---------------------------------------------------------------------------------------------------
@@ -149,11 +182,13 @@ def _serve(gguf: Path, dtype_name: str, threads: int, proto: IO[str]) -> int:
         request = json.loads(line)
         ids = torch.tensor([request["ids"]], dtype=torch.int64)
         eos = [int(t) for t in request["eos"]]
+        lookup = int(request.get("prompt_lookup", 0))
         config = transformers.GenerationConfig(
             max_new_tokens=int(request["max_new_tokens"]),
             do_sample=False,
             eos_token_id=eos or None,
             pad_token_id=eos[0] if eos else 0,
+            **({"prompt_lookup_num_tokens": lookup} if lookup > 0 else {}),
         )
         with torch.inference_mode():
             began = time.perf_counter()

@@ -329,6 +329,16 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
             ),
         )
         lines += ["", f"Over all suites: engine / transformers {_fmt_speedup(ratio)}."]
+        lookup = peer.get("prompt_lookup")
+        if lookup is not None:
+            lines += [
+                "",
+                f"transformers' own speculative decoding on the same prompts, prompt lookup "
+                f"(`generate(..., prompt_lookup_num_tokens={info.get('prompt_lookup_num_tokens', '?')})`): "
+                f"{lookup['tokens_per_s']:.1f} tokens/s, {_fmt_speedup(lookup['speedup_over_transformers'])} its own "
+                f"plain `generate` (same tokens in {lookup['same_tokens']}/{lookup['compared']} runs); compare the "
+                "backends' speedups over the engine's plain decoding above.",
+            ]
     else:
         lines += [f"Skipped: {peer.get('reason', 'not requested')}."]
     lines += ["", "### Contract modes", ""]

@@ -22,7 +22,7 @@ import contracts
 import contracts.enforcement
 from specdec import engine as engine_module
 from specdec.bench.contract_modes import CheckTimer, contract_mode
-from specdec.bench.driver import count_runs, run_bench
+from specdec.bench.driver import count_runs, peer_section, run_bench
 from specdec.bench.lossless import (
     TopTwo,
     check_lossless,
@@ -33,6 +33,7 @@ from specdec.bench.lossless import (
 )
 from specdec.bench.options import BenchOptions
 from specdec.bench.output import DOCS_BEGIN, DOCS_END, write_docs
+from specdec.bench.peer import PEER, PROMPT_LOOKUP
 from specdec.bench.report import render_markdown, round_noise
 from specdec.bench.runner import PLAIN, EngineRunner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench.suites import Batch, BenchPrompt, Workload, build_workload
@@ -246,7 +247,7 @@ def tiny_report() -> dict[str, object]:
     seen: list[RunRecord] = []
     with contracts.enforce("off"):
         report = run_bench(target, [workload], (), options, on_run=seen.append)
-    assert len(seen) == count_runs([workload], options, with_peer=False)
+    assert len(seen) == count_runs([workload], options, peers=0)
     return report
 
 
@@ -346,6 +347,47 @@ def test_peer_reports_a_load_failure_instead_of_hanging(tmp_path: Path) -> None:
     try:
         with pytest.raises(PeerUnavailable, match=r"transformers (could not load|is not installed)"):
             peer.wait_ready()
+    finally:
+        peer.close()
+
+
+def test_peer_section_sets_transformers_prompt_lookup_against_its_own_plain_generate() -> None:
+    records = [
+        record(PLAIN, 0, [[1] * 10], 1.0),
+        record(PEER, 0, [[1] * 10], 2.0),
+        record(PROMPT_LOOKUP, 0, [[1] * 10], 1.0),  # 2x its own plain generate in round 0
+        record(PLAIN, 1, [[1] * 10], 1.0),
+        record(PEER, 1, [[1] * 10], 2.0),
+        record(PROMPT_LOOKUP, 1, [[1] * 9 + [2]], 0.5),  # 4x, and different tokens
+    ]
+    section = peer_section(records, PEER, PROMPT_LOOKUP)
+    assert section["engine_over_transformers"]["median"] == pytest.approx(2.0)
+    lookup = section["prompt_lookup"]
+    assert lookup["speedup_over_transformers"]["median"] == pytest.approx(3.0)
+    assert (lookup["same_tokens"], lookup["compared"]) == (1, 2)
+    assert "prompt_lookup" not in peer_section(records, PEER)
+
+
+def test_the_peer_runs_plain_and_prompt_lookup_generate_on_the_real_model(smollm2: PulledModel) -> None:  # noqa: F811
+    """transformers' own speculative decoding through the peer's child: greedy, so the same tokens as plain."""
+    from specdec.bench.peer import PeerUnavailable, TransformersPeer
+    from specdec.hub import ModelStore
+
+    peer = TransformersPeer(ModelStore().source_gguf("smollm2-135m-instruct"), dtype="float32", threads=1)
+    try:
+        try:
+            peer.wait_ready()
+        except PeerUnavailable as exc:
+            pytest.skip(f"no transformers peer here: {exc}")
+        prompt = tuple(smollm2.tokenizer.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib("))
+        batch = Batch("humaneval", 1, 0, (BenchPrompt("humaneval/p", prompt),))
+        spec = RunSpec(0.0, 12, ())
+        plain = peer.run(batch, spec, 0)
+        lookup = peer.prompt_lookup(4).run(batch, spec, 0)
+        assert (plain.runner, lookup.runner) == (PEER, PROMPT_LOOKUP)
+        assert len(plain.outputs[0]) == 12 and lookup.outputs == plain.outputs
+        with pytest.raises(ValueError, match="at least 1 token"):
+            peer.prompt_lookup(0)
     finally:
         peer.close()
 
