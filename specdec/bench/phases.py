@@ -77,8 +77,14 @@ def run_phases(
     *,
     max_tokens: int,
     stop_token_ids: Sequence[int],
+    batch_size: int = 1,
+    temperature: float = 0.0,
 ) -> PhaseTimes:
-    """Greedy decoding of each prompt alone (batch 1), prefill included, with the phases timed."""
+    """Decoding of the prompts in batches of ``batch_size`` (1: each alone), prefill included, phases timed.
+
+    Sampled runs (``temperature`` above 0) seed each request by its index, so
+    every runner and round draws from the same generators.
+    """
     from specdec.bench.runner import batch_engine
     from specdec.sampling import SamplingParams
 
@@ -87,25 +93,30 @@ def run_phases(
     forward = target.forward
     target.forward = timed(forward, times, "target")
     try:
-        for prompt in prompts:
+        for first in range(0, len(prompts), batch_size):
+            batch = prompts[first : first + batch_size]
             speculator = make_speculator()
             if speculator is not None:
                 speculator.propose = timed(speculator.propose, times, "propose")
-            engine = batch_engine(target, [len(prompt)], max_tokens, speculator, seed=0)
-            engine.add_request(
-                "0",
-                list(prompt),
-                params=SamplingParams(temperature=0.0),
-                max_tokens=max_tokens,
-                stop_token_ids=stop_token_ids,
-            )
+            engine = batch_engine(target, [len(p) for p in batch], max_tokens, speculator, seed=0)
+            requests = [
+                engine.add_request(
+                    str(first + i),
+                    list(prompt),
+                    params=SamplingParams(temperature=temperature),
+                    max_tokens=max_tokens,
+                    stop_token_ids=stop_token_ids,
+                    seed=first + i if temperature > 0 else None,
+                )
+                for i, prompt in enumerate(batch)
+            ]
             with torch.inference_mode():
                 start = time.perf_counter()
                 while engine.has_work:
                     engine.step()
                 times.wall += time.perf_counter() - start
             times.steps += engine.metrics.steps
-            times.tokens += len(engine.requests["0"].output)
+            times.tokens += sum(len(r.output) for r in requests)
             times.speculation.add(engine.metrics)
     finally:
         if own:
@@ -137,7 +148,7 @@ def report(runners: Sequence[RunnerPhases]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.bench.suites import SUITES
-    from specdec.cli.argtypes import positive_int
+    from specdec.cli.argtypes import float_in, positive_int
 
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
     p.add_argument(
@@ -162,6 +173,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("float32", "bfloat16"),
         default="float32",
         help="the target's dtype (default: float32, as in every command)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1,
+        help="prompts decoded together in one engine; 1 runs each alone (default: 1)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float_in(0.0),
+        default=0.0,
+        help="0 is greedy; above 0 each request samples with its own seed (default: 0)",
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
@@ -207,12 +230,16 @@ def run(args: argparse.Namespace) -> int:
                     factory(name),
                     max_tokens=args.max_tokens,
                     stop_token_ids=tokenizer.stop_token_ids,
+                    batch_size=args.batch_size,
+                    temperature=args.temperature,
                 )
             )
     print(
         f"{args.model} in {args.dtype}, {torch.get_num_threads()} thread(s), {args.suite} x {len(prompts)} prompts "
-        f"alone, greedy, K = {args.num_spec_tokens}, {args.max_tokens} tokens at most; medians of {args.rounds} "
-        "rounds; break-even tau = step time / plain step time"
+        f"{'alone' if args.batch_size == 1 else f'in batches of {args.batch_size}'}, "
+        f"{'greedy' if args.temperature == 0 else f'T = {args.temperature:g}'}, K = {args.num_spec_tokens}, "
+        f"{args.max_tokens} tokens at most; medians of {args.rounds} rounds; break-even tau = step time / plain "
+        "step time"
     )
     print(report([runners[n] for n in names]))
     return 0

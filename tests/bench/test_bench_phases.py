@@ -30,6 +30,19 @@ def test_phases_of_a_real_run_add_up_and_the_target_is_restored() -> None:
     assert spec.propose > 0
 
 
+def test_phases_in_a_batch_and_sampled() -> None:
+    target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0)
+    prompts = [[5, 9, 2], [1, 2, 3, 4], [7, 7], [3, 1, 4, 1, 5]]
+    alone = run_phases(target, prompts, lambda: None, max_tokens=6, stop_token_ids=())
+    batched = run_phases(target, prompts, lambda: None, max_tokens=6, stop_token_ids=(), batch_size=4)
+    assert alone.tokens == batched.tokens == 24
+    assert alone.steps == 24 and batched.steps == 6  # one engine step serves the four requests
+    make = lambda: create("dflash", target, num_spec_tokens=3)  # noqa: E731
+    first = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, temperature=1.0)
+    again = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, temperature=1.0)
+    assert first.tokens == 24 and first.speculation.counts() == again.speculation.counts()  # seeded per request
+
+
 def test_report_gives_the_break_even_tau() -> None:
     plain = RunnerPhases("plain", [PhaseTimes(steps=10, wall=0.2, target=0.15, tokens=10)])
     spec = RunnerPhases(
