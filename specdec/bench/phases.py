@@ -92,7 +92,7 @@ def run_phases(
             if speculator is not None:
                 speculator.propose = timed(speculator.propose, times, "propose")
             engine = batch_engine(target, [len(prompt)], max_tokens, speculator, seed=0)
-            engine.add_request(
+            request = engine.add_request(
                 "0",
                 list(prompt),
                 params=SamplingParams(temperature=0.0),
@@ -105,7 +105,7 @@ def run_phases(
                     engine.step()
                 times.wall += time.perf_counter() - start
             times.steps += engine.metrics.steps
-            times.tokens += len(engine.requests["0"].output)
+            times.tokens += len(request.output)
             times.speculation.add(engine.metrics)
     finally:
         if own:
