@@ -388,15 +388,16 @@ class Engine:
             self.scheduler.finish(req)
             if self.speculator is not None:
                 self.speculator.finish(req_id)
-        # Nothing below can fail: the step is done once the drafter let go of its finished requests.
-        for req_id, req in finished.items():
+        # Nothing below calls out of the engine: only an interrupt can land here, and it is undone like any failure.
+        for req in finished.values():
             self.metrics.add_request(req)
-            del self.requests[req_id]
         self.metrics.steps += 1
         self.metrics.tokens_scheduled += batch.num_tokens
         self.metrics.tokens_emitted += sum(len(e) for e in emitted.values())
         elapsed = time.perf_counter() - start
         self.metrics.wall_s += elapsed
+        for req_id in finished:
+            del self.requests[req_id]
         if self.draft_ctx is not None:
             self.draft_ctx.step_timings.append((batch.num_tokens, elapsed))
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}

@@ -93,11 +93,12 @@ class SpeculationCounters:
 
     def copy(self: _Counters) -> _Counters:
         """Every field, detached from this object: what ``restore`` puts back if a step that counted fails."""
-        return dataclasses.replace(
-            self,
-            accepted_by_position=list(self.accepted_by_position),
-            drafted_by_position=list(self.drafted_by_position),
-        )
+        # Taken for every request of every step, so the fields are copied directly (``replace`` is twice as slow).
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.accepted_by_position = list(self.accepted_by_position)
+        twin.drafted_by_position = list(self.drafted_by_position)
+        return twin
 
     def restore(self: _Counters, saved: _Counters) -> None:
         """Set every field back to ``saved``'s (an earlier ``copy``), in place: holders of this object see it too."""

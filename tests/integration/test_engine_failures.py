@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from specdec_ngram import make_speculator as make_ngram
 from test_engine import PROMPTS, Req, add, assert_kv_consistent, greedy_reference, make_engine
 
 import contracts
@@ -26,9 +27,15 @@ from specdec.dp_group import in_process_world
 from specdec.engine import Engine
 from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
+from specdec.speculator import Speculator
 from specdec.step_undo import EngineFailedError
 
 REQUESTS = (Req("a", PROMPTS[0], 5), Req("b", PROMPTS[1], 9), Req("c", PROMPTS[2], 7), Req("d", PROMPTS[3], 12))
+
+
+def ngram(engine: Engine) -> Speculator:
+    """The example n-gram drafter: no draft cache, but a token history per request it must let go of."""
+    return make_ngram(engine.model, num_spec_tokens=3)
 
 
 class Fault(RuntimeError):
@@ -77,6 +84,12 @@ def finishing(engine: Engine) -> Callable[[], bool]:
 
 def seam_schedule(engine: Engine, mp: pytest.MonkeyPatch) -> Injection:
     inj = Injection(at=4)  # after the scheduler admitted, reserved blocks and (when short) preempted
+    mp.setattr(engine.scheduler, "schedule", inj.wrap(engine.scheduler.schedule))
+    return inj
+
+
+def seam_admission(engine: Engine, mp: pytest.MonkeyPatch) -> Injection:
+    inj = Injection(at=1)  # the first step admitted every request and reserved its blocks: none ran yet
     mp.setattr(engine.scheduler, "schedule", inj.wrap(engine.scheduler.schedule))
     return inj
 
@@ -130,7 +143,14 @@ def seam_finish(engine: Engine, mp: pytest.MonkeyPatch) -> Injection:
     return inj
 
 
+def seam_counting(engine: Engine, mp: pytest.MonkeyPatch) -> Injection:
+    inj = Injection(at=1)  # a finished request's counts joined the run's: only an interrupt can land here
+    mp.setattr(engine.metrics, "add_request", inj.wrap(engine.metrics.add_request))
+    return inj
+
+
 SEAMS: dict[str, tuple[Callable[[Engine, pytest.MonkeyPatch], Injection], str]] = {
+    "admission": (seam_admission, "schedule"),
     "schedule": (seam_schedule, "schedule"),
     "dp-sync": (seam_dp_sync, "DP sync"),
     "target-forward": (seam_target_forward, "target forward"),
@@ -140,6 +160,7 @@ SEAMS: dict[str, tuple[Callable[[Engine, pytest.MonkeyPatch], Injection], str]] 
     "draft-cache-close": (seam_draft_cache_close, "propose"),
     "proposal-check": (seam_proposal_check, "propose"),
     "finish": (seam_finish, "finish"),
+    "counting": (seam_counting, "finish"),
 }
 DRAFT_SEAMS = {"draft-forward", "draft-cache-close", "proposal-check"}
 
@@ -187,11 +208,14 @@ def assert_nothing_held(engine: Engine) -> None:
         for name, cache in engine.draft_ctx.caches.items():
             assert cache.num_free_blocks == cache.num_blocks, f"draft cache {name!r} still holds blocks"
             assert cache.requests == (), f"draft cache {name!r} still tracks {cache.requests}"
+    tracked = getattr(engine.speculator, "tracked_requests", None)  # the n-gram drafter's own state
+    assert not tracked, f"the drafter still holds state for {tracked}"
 
 
 CASES = [
     *((seam, cache, "perturbed") for seam in SEAMS for cache in ("roomy", "preempting")),
     *((seam, "roomy", "none") for seam in SEAMS if seam not in DRAFT_SEAMS),
+    *((seam, "roomy", "ngram") for seam in ("commit", "proposal-check")),  # a drafter with non-cache state
 ]
 
 
@@ -201,6 +225,8 @@ def test_a_step_that_raises_in_any_phase_is_undone_and_the_run_ends_as_if_it_nev
 ) -> None:
     blocks = {"roomy": 256, "preempting": 14}[cache]
     engine = make_engine(speculator=speculator, k=3, num_blocks=blocks, block_size=2, budget=32)
+    if speculator == "ngram":
+        engine = Engine(engine.model, engine.config, speculator=ngram(engine))
     added = {r.req_id: add(engine, r) for r in REQUESTS}
     inject, phase = SEAMS[seam]
     injection = inject(engine, monkeypatch)
@@ -303,9 +329,7 @@ def test_abort_frees_every_block_and_the_drafter_state_and_leaves_the_others_exa
     """A running request with drafts in flight and a waiting one are aborted; the rest decode as if alone."""
     engine = make_engine(speculator="perturbed" if speculator == "perturbed" else "none", k=3, max_num_seqs=4)
     if speculator == "ngram":
-        from specdec_ngram import make_speculator as make_ngram
-
-        engine = Engine(engine.model, engine.config, speculator=make_ngram(engine.model, num_spec_tokens=3))
+        engine = Engine(engine.model, engine.config, speculator=ngram(engine))
     added = {r.req_id: add(engine, r) for r in REQUESTS}
     late = add(engine, Req("late", PROMPTS[4], 6))  # max_num_seqs=4: it waits
     engine.step()
