@@ -367,8 +367,8 @@ def test_finished_requests_are_released_once_reported(speculator: str) -> None:
     """The engine shrinks as requests finish and, after the run, holds no reference to any of them."""
     engine = make_engine(speculator=speculator, k=3)
     refs: list[weakref.ref[Request]] = []
-    for wave in range(3):
-        requests = tuple(Req(f"w{wave}-{i}", PROMPTS[i], 3 + i) for i in range(6))
+    for wave in range(2):
+        requests = tuple(Req(f"w{wave}-{i}", PROMPTS[i], 3 + i) for i in range(5))
         for r in requests:
             refs.append(weakref.ref(add(engine, r)))
         live = {r.req_id for r in requests}
