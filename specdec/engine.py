@@ -7,12 +7,17 @@ rejected ones, then asks the speculator for the next drafts. The engine owns
 the length of every cache, target and draft alike: it opens each draft cache
 for the step before the speculator runs and commits it after. Every object
 that crosses a boundary is checked in the current contract mode.
+
+A step that raises is undone before the exception reaches the caller
+(``specdec.step_undo``). A finished request is released once a step reported
+it: the caller holds it from then on (``StepResult.finished``), the engine
+does not.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +36,14 @@ from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
+from specdec.step_undo import (
+    Refusal,
+    StepJournal,
+    dp_step_failed,
+    failure_note,
+    undo_failed,
+    undo_step,
+)
 from specdec.verifier import NonFiniteLogitsError, verify
 
 
@@ -45,9 +58,16 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StepResult:
+    """What a step did: the tokens each request gained, and the requests it finished.
+
+    ``finished`` maps each request that finished in this step to its
+    ``Request`` (tokens, finish reason, metrics); the engine no longer holds
+    them, so this is the last place they are reported.
+    """
+
     all_idle: bool
     emitted: dict[str, list[int]]
-    finished: tuple[str, ...]
+    finished: Mapping[str, Request]
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +122,10 @@ class Engine:
         self.speculator = speculator
         self.generator = torch.Generator(device="cpu").manual_seed(self.config.seed)
         self.requests: dict[str, Request] = {}
+        """The requests not yet finished (waiting or running); a step releases those it reports finished."""
         self.metrics = RunMetrics()
+        self._refusal: Refusal | None = None
+        """Set when the engine refuses further steps (a failed step it could not undo, or any under DP)."""
         self.draft_ctx: DraftContext | None = None
         if speculator is not None:
             self.draft_ctx = DraftContext(
@@ -129,8 +152,9 @@ class Engine:
         stop_token_ids: Sequence[int] = (),
         seed: int | None = None,
     ) -> Request:
+        self._refuse_if_failed()
         if req_id in self.requests:
-            raise ValueError(f"request id {req_id!r} is already in use")
+            raise ValueError(f"request id {req_id!r} is already in use by an unfinished request")
         vocab = self.model.config.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
@@ -148,6 +172,30 @@ class Engine:
         self.requests[req_id] = req
         return req
 
+    def abort(self, req_id: str) -> Request:
+        """Stop a waiting or running request now and return it with the tokens it has so far.
+
+        Its target KV blocks, draft-cache entries and drafter state are freed
+        and its speculation counts join the run's; the engine holds it no more.
+        """
+        req = self.requests.get(req_id)
+        if req is None:
+            raise ValueError(
+                f"no unfinished request {req_id!r} to abort: it finished (and was reported and released) or was "
+                f"never added; the engine holds {_ids(self.requests)}"
+            )
+        if self._refusal is not None and not self._refusal.consistent:
+            raise self._refusal.error()
+        self.scheduler.abort(req)
+        if self.speculator is not None:
+            self.speculator.finish(req_id)
+        if self.draft_ctx is not None:
+            self.draft_ctx.release([req_id])
+        req.finish_reason = FinishReason.ABORTED
+        self.metrics.add_request(req)
+        del self.requests[req_id]
+        return req
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -155,18 +203,58 @@ class Engine:
     # -- one step --------------------------------------------------------------------------------
 
     def step(self) -> StepResult:
+        """One step; if it raises, it is undone first (``specdec.step_undo``) and the exception says so in a note."""
+        self._refuse_if_failed()
+        journal = StepJournal(self.metrics.steps + 1, self.scheduler.running, self.metrics)
+        try:
+            return self._step(journal)
+        except BaseException as exc:
+            self._undo(journal, exc)
+            raise
+
+    def _step(self, journal: StepJournal) -> StepResult:
         """Schedule, sync, forward, verify, commit, propose, finish: each phase below, in this order."""
         start = time.perf_counter()
         items = self._schedule()
+        journal.enter("DP sync")
         batch = self._sync(items)
         if batch is None:
-            return StepResult(all_idle=True, emitted={}, finished=())
+            return StepResult(all_idle=True, emitted={}, finished={})
+        journal.enter("target forward")
         target = self._forward(batch)
-        emitted, accepted = self._verify(items, batch.query_start, target.output.hidden_states)
-        commit = self._commit(batch, emitted, accepted)
+        journal.enter("verify")
+        emitted, accepted = self._verify(items, batch.query_start, target.output.hidden_states, journal)
+        journal.enter("commit")
+        commit = self._commit(batch, emitted, accepted, journal)
         if self.speculator is not None and self.draft_ctx is not None:
-            self._propose(batch, target, commit, start)
+            journal.enter("propose")
+            self._propose(batch, target, commit)
+        journal.enter("finish")
         return self._finish(batch, commit, emitted, start)
+
+    def _undo(self, journal: StepJournal, exc: BaseException) -> None:
+        """Undo the failed step, or refuse further steps where that cannot make the engine consistent."""
+        try:
+            recomputed = undo_step(
+                journal,
+                scheduler=self.scheduler,
+                requests=self.requests,
+                metrics=self.metrics,
+                speculator=self.speculator,
+                draft_ctx=self.draft_ctx,
+            )
+        except BaseException as undo_exc:
+            self._refusal = undo_failed(journal, exc, undo_exc)
+        else:
+            if self.dp_group is None:
+                exc.add_note(failure_note(journal, len(recomputed)))
+                return
+            self._refusal = dp_step_failed(journal, exc, self.dp_group.rank)
+        exc.add_note(f"specdec: {self._refusal.message}")
+
+    def _refuse_if_failed(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal.error()
 
     def _schedule(self) -> list[ScheduledItem]:
         """This step's requests; the ones preempted to make room lose their draft state and draft blocks now."""
@@ -220,7 +308,9 @@ class Engine:
             self.kv.set_length(it.request.req_id, it.request.num_computed + len(it.query_tokens))
         return _TargetForward(input_ids, positions, output)
 
-    def _commit(self, batch: _Batch, emitted: dict[int, list[int]], accepted: dict[int, int]) -> _Committed:
+    def _commit(
+        self, batch: _Batch, emitted: dict[int, list[int]], accepted: dict[int, int], journal: StepJournal
+    ) -> _Committed:
         """Advance every request by what verification accepted and roll the target cache back to it (KV-2).
 
         ``emitted[r]`` is cut to what reached the output (a stop token or
@@ -230,6 +320,7 @@ class Engine:
         out = _Committed()
         for r, it in enumerate(batch.items):
             req = it.request
+            journal.touch(req)
             samples = it.samples  # read before the request advances: the property depends on its state
             if samples:
                 a = accepted[r]
@@ -257,7 +348,7 @@ class Engine:
         self.kv.check(committed_lengths=out.committed)
         return out
 
-    def _propose(self, batch: _Batch, target: _TargetForward, commit: _Committed, start: float) -> None:
+    def _propose(self, batch: _Batch, target: _TargetForward, commit: _Committed) -> None:
         """Next step's drafts: draft caches opened for this step, the speculator's proposal, the caches committed."""
         assert self.speculator is not None and self.draft_ctx is not None
         step = self._target_step(batch, target, commit)
@@ -265,7 +356,6 @@ class Engine:
         proposal = self.draft_ctx.propose(self.speculator, step, running=running)
         check_proposal(proposal, step, self.speculator)
         self._store_drafts(batch.items, proposal)
-        self.draft_ctx.step_timings.append((batch.num_tokens, time.perf_counter() - start))
 
     def _target_step(self, batch: _Batch, target: _TargetForward, commit: _Committed) -> TargetStep:
         qsl = batch.query_start
@@ -292,22 +382,29 @@ class Engine:
         )
 
     def _finish(self, batch: _Batch, commit: _Committed, emitted: dict[int, list[int]], start: float) -> StepResult:
-        """Retire finished requests and count the step."""
-        for req_id in commit.finished:
-            req = self.requests[req_id]
+        """Retire finished requests, count the step, and release the finished requests to the caller."""
+        finished = {req_id: self.requests[req_id] for req_id in commit.finished}
+        for req_id, req in finished.items():
             self.scheduler.finish(req)
             if self.speculator is not None:
                 self.speculator.finish(req_id)
+        # Nothing below calls out of the engine: only an interrupt can land here, and it is undone like any failure.
+        for req in finished.values():
             self.metrics.add_request(req)
         self.metrics.steps += 1
         self.metrics.tokens_scheduled += batch.num_tokens
         self.metrics.tokens_emitted += sum(len(e) for e in emitted.values())
-        self.metrics.wall_s += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.metrics.wall_s += elapsed
+        for req_id in finished:
+            del self.requests[req_id]
+        if self.draft_ctx is not None:
+            self.draft_ctx.step_timings.append((batch.num_tokens, elapsed))
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
-        return StepResult(all_idle=False, emitted=by_id, finished=tuple(commit.finished))
+        return StepResult(all_idle=False, emitted=by_id, finished=finished)
 
     def _verify(
-        self, items: list[ScheduledItem], qsl: list[int], hidden: torch.Tensor
+        self, items: list[ScheduledItem], qsl: list[int], hidden: torch.Tensor, journal: StepJournal
     ) -> tuple[dict[int, list[int]], dict[int, int]]:
         """Verify drafts (or sample plainly) for every request whose query ends in a sample."""
         sampling = [r for r, it in enumerate(items) if it.samples]
@@ -342,6 +439,7 @@ class Engine:
                         drawn[i, torch.arange(d), draft_ids[i, :d]] = 1.0
         params = [items[r].request.params for r in sampling]
         generator = self._generator_for(items, sampling)
+        journal.save_generator(generator)
         out = verify(
             VerifierInput(draft_ids, torch.tensor(counts, dtype=torch.int64), logits, probs),
             params,
@@ -399,11 +497,21 @@ class Engine:
     # -- driving ---------------------------------------------------------------------------------
 
     def run(self, max_steps: int = 100_000) -> dict[str, list[int]]:
-        """Step until every request (on every DP rank) is done; returns outputs by request id."""
+        """Step until every request (on every DP rank) is done; returns their outputs by id, in the order added."""
+        order = list(self.requests)
+        outputs: dict[str, list[int]] = {}
         for _ in range(max_steps):
             result = self.step()
+            outputs.update((rid, list(req.output)) for rid, req in result.finished.items())
             if result.all_idle and not self.has_work:
                 break
         else:
             raise RuntimeError(f"engine did not finish within {max_steps} steps")
-        return {rid: list(r.output) for rid, r in self.requests.items()}
+        return {rid: outputs[rid] for rid in order if rid in outputs}
+
+
+def _ids(requests: Mapping[str, Request], limit: int = 10) -> str:
+    """Request ids for a message, cut after ``limit`` with a count."""
+    ids = sorted(requests)
+    shown = ", ".join(repr(r) for r in ids[:limit])
+    return f"[{shown}, ... ({len(ids)} in all)]" if len(ids) > limit else f"[{shown}]"

@@ -26,6 +26,8 @@ class FinishReason(enum.Enum):
     MAX_TOKENS = "max_tokens"
     STOP_TOKEN = "stop_token"
     MAX_MODEL_LEN = "max_model_len"
+    ABORTED = "aborted"
+    """The caller stopped it (``Engine.abort``) before any other reason applied."""
 
 
 class TokenHistory(Sequence[int]):

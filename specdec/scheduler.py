@@ -10,6 +10,7 @@ blocks are freed and it is recomputed later, so nothing is overwritten.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec.attn_metadata import ScheduledRequest
@@ -150,3 +151,38 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         self.kv.free(req.req_id)
+
+    def abort(self, req: Request) -> None:
+        """Take ``req`` out of whichever queue holds it and free its KV blocks (it may be waiting or running)."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            raise ValueError(f"request {req.req_id!r} is neither waiting nor running, so it cannot be aborted")
+        req.status = RequestStatus.FINISHED
+        req.clear_drafts()
+        self.kv.free(req.req_id)
+
+    def requeue(self, requests: Sequence[Request]) -> None:
+        """Put ``requests`` first in the waiting queue, in this order, holding no KV: they are recomputed from their tokens.
+
+        What a preemption does to one request, without counting one: the
+        engine requeues every request a failed step had running. A request the
+        step already finished and freed is added to the cache again.
+        """
+        chosen = {id(r) for r in requests}
+        ids = {r.req_id for r in requests}
+        for req in requests:
+            if req.req_id in self.kv:
+                self.kv.preempt(req.req_id)
+            else:
+                self.kv.add_request(req.req_id)
+            req.num_computed = 0
+            req.clear_drafts()
+            req.status = RequestStatus.WAITING
+        rest = [r for r in self.waiting if id(r) not in chosen]
+        self.running[:] = [r for r in self.running if id(r) not in chosen]
+        self.waiting.clear()
+        self.waiting.extend([*requests, *rest])
+        self._preempted = [rid for rid in self._preempted if rid not in ids]

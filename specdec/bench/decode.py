@@ -120,7 +120,7 @@ class Run:
 def engine_decode(model: Transformer, prompt: Sequence[int], new_tokens: int) -> Run:
     """One greedy run through ``Engine`` (plain decoding, no stop tokens)."""
     engine = _engine(model, len(prompt) + new_tokens + 16)
-    engine.add_request("bench", list(prompt), max_tokens=new_tokens)
+    request = engine.add_request("bench", list(prompt), max_tokens=new_tokens)
     with torch.inference_mode():
         start = time.perf_counter()
         engine.step()
@@ -128,7 +128,7 @@ def engine_decode(model: Transformer, prompt: Sequence[int], new_tokens: int) ->
         while engine.has_work:
             engine.step()
         end, end_cpu = time.perf_counter(), time.process_time()
-    out = list(engine.requests["bench"].output)
+    out = list(request.output)
     steps = max(1, len(out) - 1)
     return Run((first - start) * 1e3, (end - first) * 1e3 / steps, (end_cpu - first_cpu) * 1e3 / steps, out)
 

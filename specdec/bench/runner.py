@@ -142,7 +142,7 @@ class EngineRunner:
             self.target, [len(p.ids) for p in batch.prompts], spec.max_tokens, self.make_speculator(), spec.seed
         )
         params = SamplingParams(temperature=spec.temperature)
-        for i, prompt in enumerate(batch.prompts):
+        requests = [
             engine.add_request(
                 str(i),
                 prompt.ids,
@@ -151,6 +151,8 @@ class EngineRunner:
                 stop_token_ids=spec.stop_token_ids,
                 seed=spec.seed + i,
             )
+            for i, prompt in enumerate(batch.prompts)
+        ]
         with torch.inference_mode():
             start = time.perf_counter()
             while engine.has_work:
@@ -165,7 +167,7 @@ class EngineRunner:
             temperature=spec.temperature,
             repeat=repeat,
             prompt_ids=[p.id for p in batch.prompts],
-            outputs=[list(engine.requests[str(i)].output) for i in range(len(batch.prompts))],
+            outputs=[list(r.output) for r in requests],
             wall_s=wall,
             steps=m.steps,
             speculation=m.snapshot(),

@@ -187,17 +187,19 @@ def plain_reference(spec: DPRunSpec) -> dict[str, list[int]]:
     if not todo:
         return out
     engine = Engine(shared_target(spec.model, spec.model_seed, spec.device), spec.engine)
-    for r in todo:
-        engine.add_request(
+    added = {
+        r.req_id: engine.add_request(
             r.req_id, list(r.prompt), params=r.params, max_tokens=r.max_tokens, stop_token_ids=r.stop_token_ids
         )
+        for r in todo
+    }
     decoded = engine.run()
     with _plain_lock:
         if len(cache) >= _PLAIN_MAX:
             cache.clear()
         for r in todo:
             tokens = decoded[r.req_id]
-            ended = engine.requests[r.req_id].finish_reason is not FinishReason.MAX_TOKENS
+            ended = added[r.req_id].finish_reason is not FinishReason.MAX_TOKENS
             key = _plain_key(spec, model, r)
             known = cache.get(key)
             if known is None or len(tokens) > len(known[0]):

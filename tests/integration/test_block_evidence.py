@@ -88,8 +88,7 @@ def _run(target: Transformer, drafter: AcmeChainDrafter | None) -> dict[str, lis
     )
     for i in range(3):
         e.add_request(f"q{i}", [3 + i, 17, 40 + i], max_tokens=12, params=SamplingParams(temperature=0.0))
-    e.run()
-    return {r: list(q.output) for r, q in e.requests.items()}
+    return e.run()
 
 
 def _acme(target: Transformer, plant: Planting | None = None) -> AcmeChainDrafter:

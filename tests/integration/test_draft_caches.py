@@ -24,6 +24,7 @@ from specdec.engine import Engine, EngineConfig
 from specdec.kv_cache import KVCacheManager, blocks_for
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
+from specdec.request import Request
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
 
@@ -68,14 +69,15 @@ def assert_draft_caches_committed(engine: Engine) -> None:
 @pytest.mark.parametrize("num_blocks", [64, 14], ids=["roomy", "preempting"])
 def test_every_draft_cache_holds_exactly_the_committed_tokens_after_every_step(backend: str, num_blocks: int) -> None:
     engine = make_engine(create(backend, TARGET, num_spec_tokens=3), num_blocks=num_blocks)
+    finished: dict[str, Request] = {}
     with contracts.enforce("full"):
         while engine.has_work:
-            engine.step()
+            finished.update(engine.step().finished)
             assert_draft_caches_committed(engine)
-    assert {rid: r.output for rid, r in engine.requests.items()} == plain_outputs()
+    assert {rid: r.output for rid, r in finished.items()} == plain_outputs()
     assert engine.draft_ctx is not None and all(c.requests == () for c in engine.draft_ctx.caches.values())
     if num_blocks == 14:
-        assert sum(r.metrics.preemptions for r in engine.requests.values()) > 0, "sized to preempt"
+        assert sum(r.metrics.preemptions for r in finished.values()) > 0, "sized to preempt"
 
 
 def test_open_refuses_a_draft_cache_whose_length_was_set_outside_the_engine() -> None:

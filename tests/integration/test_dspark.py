@@ -74,12 +74,14 @@ def engine(target: Transformer, speculator: Speculator | None) -> Engine:
     )
 
 
-def run(target: Transformer, speculator: Speculator | None, params: SamplingParams | None = None) -> Engine:
+def run(
+    target: Transformer, speculator: Speculator | None, params: SamplingParams | None = None
+) -> tuple[Engine, dict[str, list[int]]]:
+    """The engine after running four requests to completion, and their outputs (the engine released them)."""
     e = engine(target, speculator)
     for i in range(4):
         e.add_request(f"q{i}", [3 + i, 17, 40 + i], max_tokens=16, params=params or SamplingParams(temperature=0.0))
-    e.run()
-    return e
+    return e, e.run()
 
 
 @pytest.mark.parametrize("capacity", sorted(CAPACITIES))
@@ -87,13 +89,12 @@ def test_capacities_trim_the_verified_drafts_and_satisfy_blk_8(capacity: str) ->
     """Full mode reads BLK-8's values every step; truncating capacities verify fewer drafts than K per step."""
     target = Transformer(ModelConfig.tiny(), seed=0)
     with contracts.enforce("full"):
-        spec_engine = run(target, dspark(4, capacity)(target))
-    plain = run(target, None)
-    assert {r: q.output for r, q in spec_engine.requests.items()} == {r: q.output for r, q in plain.requests.items()}
+        spec_engine, spec_outputs = run(target, dspark(4, capacity)(target))
+    assert spec_outputs == run(target, None)[1]
     drafted = spec_engine.metrics.drafted
     assert drafted > 0
     if capacity != "full":
-        full = run(target, dspark(4, "full")(target)).metrics.drafted
+        full = run(target, dspark(4, "full")(target))[0].metrics.drafted
         assert drafted < full
 
 
@@ -317,12 +318,12 @@ def test_the_budget_fits_its_step_cost_to_measured_step_times() -> None:
     target = Transformer(ModelConfig.tiny(), seed=0)
     spec = tiny_dspark(target, capacity="budget")
     assert spec.measure_cost and spec.cost == StepCost()
-    e = run(target, spec)
+    e, outputs = run(target, spec)
     timings = list(e.draft_ctx.step_timings) if e.draft_ctx is not None else []
     assert len(timings) == e.metrics.steps and len({t for t, _ in timings}) >= 2
     used = timings[: spec._fitted_at]
     refit = StepCost.fit([t for t, _ in used], [s for _, s in used])
     assert spec.cost != StepCost() and (spec.cost.c0, spec.cost.c1) == pytest.approx((refit.c0, refit.c1))
-    assert {r: q.output for r, q in e.requests.items()} == {r: q.output for r, q in run(target, None).requests.items()}
+    assert outputs == run(target, None)[1]
     fixed = tiny_dspark(target, capacity="budget", c0=2.0)
     assert not fixed.measure_cost and fixed.cost == StepCost(c0=2.0, c1=0.05)

@@ -26,7 +26,7 @@ from specdec.engine import Engine, EngineConfig, StepResult
 from specdec.kv_cache import KVCacheManager, blocks_for
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
-from specdec.request import FinishReason, RequestStatus
+from specdec.request import FinishReason, Request, RequestStatus
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
 
@@ -99,8 +99,11 @@ def make_engine(
     return Engine(target, config, speculator=make_speculator(speculator, target, k))
 
 
-def add(engine: Engine, req: Req) -> None:
-    engine.add_request(req.req_id, list(req.prompt), max_tokens=req.max_tokens, stop_token_ids=req.stop_token_ids)
+def add(engine: Engine, req: Req) -> Request:
+    """Add ``req``; the returned ``Request`` outlives the engine's hold on it (released once finished)."""
+    return engine.add_request(
+        req.req_id, list(req.prompt), max_tokens=req.max_tokens, stop_token_ids=req.stop_token_ids
+    )
 
 
 @functools.cache
@@ -156,10 +159,8 @@ def assert_kv_consistent(engine: Engine, _: StepResult | None = None) -> None:
         assert req.num_computed == 0 and kv.length(req.req_id) == 0 and kv.block_table(req.req_id) == []
     held = sum(len(kv.block_table(r)) for r in kv.requests)
     assert held + kv.num_free_blocks == kv.num_blocks
-    for req in engine.requests.values():
-        if req.finished:
-            assert req.finish_reason is not None and req.req_id not in kv
-            assert req.req_id in kv.finished_requests
+    assert set(engine.requests) == running | waiting, "the engine holds exactly its unfinished requests"
+    assert not any(req.finished for req in engine.requests.values()), "a finished request is released once reported"
     if engine.draft_ctx is not None:
         for name, cache in engine.draft_ctx.caches.items():
             assert_cache_balanced(cache, f"draft cache {name!r}")
@@ -232,13 +233,13 @@ def test_kv_accounting_holds_after_every_step_of_long_randomized_runs(case: KVCa
     """Preemption, recompute, chunking and rollback must never lose, leak or double-book a block."""
     engine = case.engine()
     with contracts.enforce("full"):
-        for r in case.initial:
-            add(engine, r)
+        added = {r.req_id: add(engine, r) for r in case.initial}
         pending = sorted(case.later, key=lambda x: x[0])
         step = 0
         while engine.has_work or pending:
             while pending and (pending[0][0] <= step or not engine.has_work):
-                add(engine, pending.pop(0)[1])
+                later = pending.pop(0)[1]
+                added[later.req_id] = add(engine, later)
             scheduled_before = engine.metrics.tokens_scheduled
             engine.step()
             step += 1
@@ -247,11 +248,11 @@ def test_kv_accounting_holds_after_every_step_of_long_randomized_runs(case: KVCa
             assert len(engine.scheduler.running) <= case.max_num_seqs
             assert_kv_consistent(engine)
     everything = (*case.initial, *(r for _, r in case.later))
-    assert all(engine.requests[r.req_id].finished for r in everything)
+    assert all(added[r.req_id].finished for r in everything) and not engine.requests
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
-    outputs = {rid: req.output for rid, req in engine.requests.items()}
+    outputs = {rid: req.output for rid, req in added.items()}
     assert outputs == greedy_reference(case.seed, everything)
-    preemptions = sum(req.metrics.preemptions for req in engine.requests.values())
+    preemptions = sum(req.metrics.preemptions for req in added.values())
     event("preempted" if preemptions else "not preempted")
 
 
@@ -260,14 +261,13 @@ def test_preemption_happens_under_pressure_and_keeps_greedy_output(speculator: s
     """Four long requests on a cache that holds barely one: preemption must happen, and must be invisible."""
     requests = tuple(Req(f"p{i}", (5 + i, 17, 40 + i, 8, 61, 2), 12) for i in range(4))
     engine = make_engine(speculator=speculator, k=3, num_blocks=12, block_size=2, budget=32)
-    for r in requests:
-        add(engine, r)
+    added = {r.req_id: add(engine, r) for r in requests}
     with contracts.enforce("full"):
         run_steps(engine, assert_kv_consistent)
-    preempted = [req for req in engine.requests.values() if req.metrics.preemptions > 0]
+    preempted = [req for req in added.values() if req.metrics.preemptions > 0]
     assert preempted, "the cache was sized so that preemption must happen"
-    assert all(req.finish_reason is FinishReason.MAX_TOKENS for req in engine.requests.values())
-    assert {rid: req.output for rid, req in engine.requests.items()} == greedy_reference(0, requests)
+    assert all(req.finish_reason is FinishReason.MAX_TOKENS for req in added.values())
+    assert {rid: req.output for rid, req in added.items()} == greedy_reference(0, requests)
     if engine.draft_ctx is not None:
         for cache in engine.draft_ctx.caches.values():
             assert cache.num_free_blocks == cache.num_blocks, "draft blocks leaked past the end of the run"
@@ -289,9 +289,8 @@ PROMPTS = [(3 + i, 17, 40 + i, 9, 2 * i + 1) for i in range(6)]
 def test_max_tokens_is_respected_exactly(max_tokens: int, k: int, speculator: str, prompt: tuple[int, ...]) -> None:
     """A verify step may emit up to K+1 tokens; the output is cut at max_tokens all the same."""
     engine = make_engine(speculator=speculator, k=k)
-    add(engine, Req("r", prompt, max_tokens))
+    req = add(engine, Req("r", prompt, max_tokens))
     engine.run()
-    req = engine.requests["r"]
     assert len(req.output) == max_tokens
     assert req.finish_reason is FinishReason.MAX_TOKENS
     assert req.output == greedy_reference(0, (Req("r", prompt, 20),))["r"][:max_tokens]
@@ -301,9 +300,8 @@ def test_max_tokens_cuts_a_multi_token_verify() -> None:
     """With the target as its own drafter a verify emits up to K+1; max_tokens lands inside such a run."""
     k, max_tokens = 4, 4
     engine = make_engine(speculator="self", k=k)
-    add(engine, Req("r", PROMPTS[0], max_tokens))
+    req = add(engine, Req("r", PROMPTS[0], max_tokens))
     results = run_steps(engine)
-    req = engine.requests["r"]
     m = req.metrics
     assert m.accepted + m.verify_steps > len(req.output) - 1, "the last verify accepted more than fit"
     assert m.emitted_in_verify == len(req.output) - 1, "tau counts only tokens that reached the output"
@@ -344,9 +342,8 @@ def test_stop_token_inside_an_accepted_draft_run_ends_the_request(k: int) -> Non
         pytest.fail("no prompt's output has a fresh token inside a verify run")
     greedy = greedy_reference(0, (Req("r", prompt, 40),))["r"]
     engine = make_engine(speculator="self", k=k)
-    add(engine, Req("r", prompt, 40, stop_token_ids=(greedy[stop_at],)))
+    req = add(engine, Req("r", prompt, 40, stop_token_ids=(greedy[stop_at],)))
     engine.run()
-    req = engine.requests["r"]
     assert req.finish_reason is FinishReason.STOP_TOKEN
     assert req.output == greedy[: stop_at + 1]
     assert req.output[-1] == greedy[stop_at]
@@ -369,9 +366,8 @@ def test_stop_token_ends_at_its_first_occurrence(prompt: tuple[int, ...], index:
     stop = greedy[index]
     first = greedy.index(stop)
     engine = make_engine(speculator=speculator, k=k)
-    add(engine, Req("r", prompt, 20, stop_token_ids=(stop,)))
+    req = add(engine, Req("r", prompt, 20, stop_token_ids=(stop,)))
     engine.run()
-    req = engine.requests["r"]
     assert req.output == greedy[: first + 1]
     assert req.output[-1] == stop
     assert req.finish_reason is FinishReason.STOP_TOKEN
@@ -382,10 +378,9 @@ def test_max_model_len_ends_a_request(speculator: str) -> None:
     """Prompt plus output never exceeds max_model_len; the request ends with MAX_MODEL_LEN."""
     limit, prompt = 16, PROMPTS[1]
     engine = make_engine(speculator=speculator, k=4, max_model_len=limit)
-    add(engine, Req("r", prompt, 40))
+    req = add(engine, Req("r", prompt, 40))
     with contracts.enforce("full"):
         run_steps(engine, assert_kv_consistent)
-    req = engine.requests["r"]
     assert req.finish_reason is FinishReason.MAX_MODEL_LEN
     assert req.num_tokens == limit
     assert req.output == greedy_reference(0, (Req("r", prompt, 40),))["r"][: limit - len(prompt)]
@@ -411,12 +406,13 @@ def test_bad_requests_are_rejected_with_clear_errors_and_leave_no_trace() -> Non
         engine.add_request("x", [1, 2, 3], max_tokens=20)
     assert "x" not in engine.requests and "x" not in engine.kv and not engine.has_work
     engine.add_request("x", [1, 2, 3], max_tokens=4)
-    with pytest.raises(ValueError, match="already in use"):
+    with pytest.raises(ValueError, match="already in use by an unfinished request"):
         engine.add_request("x", [4, 5], max_tokens=2)
     assert engine.requests["x"].prompt == [1, 2, 3]
     assert engine.run() == {"x": greedy_reference(0, (Req("x", (1, 2, 3), 4),))["x"]}
-    with pytest.raises(ValueError, match="already in use"):  # finished ids stay taken
-        engine.add_request("x", [4, 5], max_tokens=2)
+    assert engine.run() == {}  # the finished request was reported once and released: its id is free again
+    engine.add_request("x", [4, 5], max_tokens=2)
+    assert engine.run() == {"x": greedy_reference(0, (Req("x", (4, 5), 2),))["x"]}
 
 
 def test_prompt_at_max_model_len_is_rejected() -> None:
@@ -466,8 +462,7 @@ def test_plain_decoding_emits_one_token_per_running_request_per_step() -> None:
     n, max_tokens = 3, 9
     requests = tuple(Req(f"d{i}", PROMPTS[i], max_tokens) for i in range(n))
     engine = make_engine()
-    for r in requests:
-        add(engine, r)
+    added = {r.req_id: add(engine, r) for r in requests}
 
     def one_each(e: Engine, result: StepResult) -> None:
         assert sorted(result.emitted) == sorted(r.req_id for r in requests)
@@ -480,7 +475,7 @@ def test_plain_decoding_emits_one_token_per_running_request_per_step() -> None:
     assert m.tokens_emitted == n * max_tokens
     assert m.drafted == m.accepted == m.verify_steps == 0
     assert m.acceptance_rate_by_position == []
-    assert {rid: r.output for rid, r in engine.requests.items()} == greedy_reference(0, requests)
+    assert {rid: r.output for rid, r in added.items()} == greedy_reference(0, requests)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -488,10 +483,9 @@ def test_self_drafting_accepts_every_draft(k: int) -> None:
     """The target as its own drafter: every draft is accepted, at every position."""
     requests = tuple(Req(f"s{i}", PROMPTS[i], 14) for i in range(3))
     engine = make_engine(speculator="self", k=k)
-    for r in requests:
-        add(engine, r)
+    added = [add(engine, r) for r in requests]
     assert engine.run() == greedy_reference(0, requests)
-    for req in engine.requests.values():
+    for req in added:
         assert req.metrics.accepted == req.metrics.drafted > 0
         assert len(req.metrics.drafted_by_position) == k
     m = engine.metrics
@@ -506,14 +500,13 @@ def test_self_drafting_acceptance_length_is_k_plus_one(k: int) -> None:
     rounds = 3
     requests = tuple(Req(f"s{i}", PROMPTS[i], 1 + rounds * (k + 1)) for i in range(3))
     engine = make_engine(speculator="self", k=k)
-    for r in requests:
-        add(engine, r)
+    added = [add(engine, r) for r in requests]
     first = engine.step()  # whole prompts: every request samples its first token ...
     assert sorted(first.emitted) == sorted(r.req_id for r in requests)
-    for req in engine.requests.values():  # ... and must have drafts for its first verify
+    for req in added:  # ... and must have drafts for its first verify
         assert len(req.drafts) == k, f"{req.req_id} has {len(req.drafts)} drafts after its prefill"
     assert engine.run() == greedy_reference(0, requests)
-    for req in engine.requests.values():
+    for req in added:
         assert req.metrics.verify_steps == rounds
         assert req.metrics.acceptance_length == k + 1
     assert engine.metrics.acceptance_length == k + 1
@@ -523,8 +516,7 @@ def test_self_drafting_acceptance_length_is_k_plus_one(k: int) -> None:
 def test_no_drafts_are_proposed_for_a_request_still_in_prefill() -> None:
     """A request whose prompt is only partly cached has no next token to draft from yet."""
     engine = make_engine(speculator="self", k=3, budget=4)
-    add(engine, Req("r", tuple(range(1, 13)), 5))  # chunks of 4: 0..4, 4..8, 8..12
-    req = engine.requests["r"]
+    req = add(engine, Req("r", tuple(range(1, 13)), 5))  # chunks of 4: 0..4, 4..8, 8..12
     for _ in range(3):
         engine.step()
         if req.in_prefill:
@@ -562,11 +554,10 @@ def test_streamed_tokens_and_tokens_emitted_match_the_output(cut: str) -> None:
         assert stop_at is not None
         req_spec = Req("r", PROMPTS[0], 40, stop_token_ids=(greedy[stop_at],))
     engine = make_engine(speculator="self", k=k)
-    add(engine, req_spec)
+    output = add(engine, req_spec).output
     streamed: list[int] = []
     for result in run_steps(engine):
         streamed.extend(result.emitted.get("r", []))
-    output = engine.requests["r"].output
     assert engine.metrics.tokens_emitted == len(output)
     assert streamed == output
 
@@ -579,12 +570,12 @@ def test_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(speculator: 
     """A 20-token prompt under a budget of 6 takes ceil(20/6) = 4 steps before its first token."""
     budget, prompt, max_tokens = 6, tuple((7 * i + 3) % VOCAB for i in range(20)), 6
     engine = make_engine(speculator=speculator, k=3, budget=budget, block_size=4, num_blocks=64)
-    add(engine, Req("long", prompt, max_tokens))
+    req = add(engine, Req("long", prompt, max_tokens))
     seen: list[tuple[int, int]] = []
 
     def chunked(e: Engine, result: StepResult) -> None:
         assert_kv_consistent(e, result)
-        seen.append((e.metrics.tokens_scheduled, e.requests["long"].num_computed))
+        seen.append((e.metrics.tokens_scheduled, req.num_computed))
 
     with contracts.enforce("full"):
         results = run_steps(engine, chunked)
@@ -598,7 +589,7 @@ def test_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(speculator: 
         assert engine.metrics.steps == chunks + max_tokens - 1
     else:
         assert engine.metrics.steps >= chunks + 1
-    assert engine.requests["long"].output == greedy_reference(0, (Req("long", prompt, max_tokens),))["long"]
+    assert req.output == greedy_reference(0, (Req("long", prompt, max_tokens),))["long"]
 
 
 def test_chunked_prefill_shares_the_budget_with_decoding_requests() -> None:
@@ -607,22 +598,21 @@ def test_chunked_prefill_shares_the_budget_with_decoding_requests() -> None:
     short = tuple(Req(f"s{i}", PROMPTS[i], 12) for i in range(3))
     long = Req("long", tuple((5 * i + 1) % VOCAB for i in range(25)), 5)
     engine = make_engine(speculator="perturbed", k=2, budget=budget, num_blocks=64, block_size=2)
-    for r in short:
-        add(engine, r)
+    added = {r.req_id: add(engine, r) for r in short}
     engine.step()
-    add(engine, long)
+    added["long"] = long_req = add(engine, long)
     mixed_steps = 0
-    while not engine.requests["long"].output:
-        before, computed = engine.metrics.tokens_scheduled, engine.requests["long"].num_computed
+    while not long_req.output:
+        before, computed = engine.metrics.tokens_scheduled, long_req.num_computed
         result = engine.step()
         assert engine.metrics.tokens_scheduled - before <= budget
         assert_kv_consistent(engine)
-        chunk = engine.requests["long"].num_computed - computed
+        chunk = long_req.num_computed - computed
         if 0 < chunk < budget and any(rid.startswith("s") for rid in result.emitted):
             mixed_steps += 1
     assert mixed_steps >= 1, "no step mixed a prefill chunk with decoding requests"
     engine.run()
-    outputs = {rid: r.output for rid, r in engine.requests.items()}
+    outputs = {rid: r.output for rid, r in added.items()}
     assert outputs == greedy_reference(0, (*short, long))
 
 
@@ -632,8 +622,7 @@ def test_max_num_seqs_limits_concurrent_requests(speculator: str) -> None:
     max_seqs = 2
     requests = tuple(Req(f"q{i}", PROMPTS[i], 4 + i) for i in range(6))
     engine = make_engine(speculator=speculator, k=2, max_num_seqs=max_seqs)
-    for r in requests:
-        add(engine, r)
+    added = {r.req_id: add(engine, r) for r in requests}
     saturated: list[bool] = []
 
     def bounded(e: Engine, result: StepResult) -> None:
@@ -643,4 +632,4 @@ def test_max_num_seqs_limits_concurrent_requests(speculator: str) -> None:
 
     run_steps(engine, bounded)
     assert any(saturated), "the limit was never reached, so it was never tested"
-    assert {rid: r.output for rid, r in engine.requests.items()} == greedy_reference(0, requests)
+    assert {rid: r.output for rid, r in added.items()} == greedy_reference(0, requests)

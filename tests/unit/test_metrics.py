@@ -80,3 +80,23 @@ def test_run_metrics_fold_request_metrics_but_not_preemptions() -> None:
     assert run.acceptance_length == 2.0 and run.tokens_per_step == 1.5
     assert run.acceptance_rate_by_position == pytest.approx([0.5, 0.5, 0.0])
     assert not hasattr(run, "preemptions")
+
+
+def test_copy_is_detached_and_restore_puts_every_field_back_in_place() -> None:
+    """What the engine relies on to undo a failed step's counting: a copy later mutations cannot reach."""
+    run = RunMetrics(steps=3, tokens_emitted=7, wall_s=0.5)
+    run.record(3, 2, 3)
+    saved = run.copy()
+    assert type(saved) is RunMetrics and saved is not run
+    run.record(4, 4, 5)  # widens the position lists and bumps every count
+    run.steps += 1
+    run.tokens_emitted += 5
+    assert saved.counts()["drafted_by_position"] == [1, 1, 1] and saved.steps == 3
+    holder = run  # e.g. a streaming result that kept the run's metrics object
+    run.restore(saved)
+    assert holder is run and run.counts() == saved.counts()
+    assert (run.steps, run.tokens_emitted, run.wall_s) == (3, 7, 0.5)
+    run.record(1, 1, 2)
+    assert saved.counts()["accepted_by_position"] == [1, 1, 0], "restore shared a list with the saved copy"
+    req = RequestMetrics(preemptions=2)
+    assert req.copy().preemptions == 2 and type(req.copy()) is RequestMetrics

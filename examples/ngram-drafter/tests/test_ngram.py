@@ -134,22 +134,21 @@ def test_history_follows_chunking_rejection_and_preemption_and_is_freed_on_finis
     )
     engine = Engine(target(), config, speculator=speculator)
     requests = repetitive_requests(4)
-    for r in requests:
-        engine.add_request(r.req_id, list(r.prompt[:12]), max_tokens=12)
+    added = {r.req_id: engine.add_request(r.req_id, list(r.prompt[:12]), max_tokens=12) for r in requests}
     with contracts.enforce("full"):
         while engine.has_work:
             engine.step()
             for rid in speculator.tracked_requests:
-                req = engine.requests[rid]
+                req = added[rid]
                 assert not req.finished, f"{rid} finished but its history was kept"
                 assert speculator.history(rid) == tuple(req.tokens[: req.num_computed])
-    assert sum(req.metrics.preemptions for req in engine.requests.values()) > 0, "the cache was sized to preempt"
+    assert sum(req.metrics.preemptions for req in added.values()) > 0, "the cache was sized to preempt"
     assert speculator.tracked_requests == frozenset()
     assert engine.metrics.accepted > 0
     plain = Engine(target(), EngineConfig())
     for r in requests:
         plain.add_request(r.req_id, list(r.prompt[:12]), max_tokens=12)
-    assert {rid: req.output for rid, req in engine.requests.items()} == plain.run()
+    assert {rid: req.output for rid, req in added.items()} == plain.run()
 
 
 def test_finish_releases_the_history() -> None:
