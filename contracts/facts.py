@@ -95,6 +95,25 @@ class ProposalFacts:
 
 
 @dataclass(frozen=True, eq=False)
+class ProposalCountFacts:
+    """A proposal's row and draft counts against the target step it answers (PROP-*): all host values.
+
+    ``num_reqs`` is the target step's request count and ``num_reqs_padded`` its
+    DP-padded one (named when rows match it); ``drafting[r]`` says whether
+    request ``r`` verifies drafts next step.
+    """
+
+    num_reqs: int
+    num_reqs_padded: int
+    num_spec_tokens: int
+    rows: int
+    num_drafts: Sequence[object]
+    """As the drafter returned them: PROP-3 is what says each must be an int, so a bad one is named, not a crash."""
+    drafting: Sequence[bool]
+    req_ids: Sequence[str]
+
+
+@dataclass(frozen=True, eq=False)
 class VerifierFacts:
     """Verifier input and output with the host-side draft counts the scheduler knows."""
 
