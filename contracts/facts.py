@@ -124,6 +124,9 @@ class VerifierFacts:
     verifier_output: VerifierOutput | None = None
     sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     """The distribution the drafter actually drew from (VER-3)."""
+    host_output: tuple[Sequence[Sequence[int]], Sequence[int]] | None = None
+    """``(output_token_ids, num_accepted)`` as host lists, where the caller already copied them (the engine):
+    VER-1 and VER-2 read these in every mode, before any later device op could crash on a bad id."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,7 +33,7 @@ from contracts import (
     check,
     current_mode,
 )
-from contracts.registry import ValueReader, check_crashed, invariants_for, violation
+from contracts.enforcement import host_violation
 from specdec.attn_metadata import ScheduledRequest
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
@@ -330,22 +330,11 @@ def proposal_count_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: 
 
 def _guard_counts(counts: ProposalCountFacts, *, component: str, backend: str) -> None:
     """PROP-* with contracts ``off``: the same registered checks, raised as ``MalformedProposalError``."""
-    reader = ValueReader(allow_device=False)
-    for inv in invariants_for(Subject.PROPOSAL, StepKind.PROPOSAL):
-        try:
-            observed = inv.check(counts, reader)
-        except Exception as exc:  # a subject too malformed to inspect is this invariant's violation, as in check()
-            observed = check_crashed(exc)
-        if observed is not None:
-            cause = observed.pop("likely_cause", None)
-            err = violation(
-                inv.id,
-                observed,
-                step_kind=StepKind.PROPOSAL,
-                component=f"{component} (backend {backend})",
-                likely_cause=cause,
-            )
-            raise MalformedProposalError(err)
+    found = host_violation(
+        Subject.PROPOSAL, counts, step_kind=StepKind.PROPOSAL, component=f"{component} (backend {backend})"
+    )
+    if found is not None:
+        raise MalformedProposalError(found)
 
 
 def proposal_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -> ProposalFacts:
