@@ -203,7 +203,13 @@ class DraftContext:
         if name in self.caches:
             raise ValueError(f"draft cache {name!r} of backend {self.backend!r} exists already")
         extra = self.max_num_seqs * (-(-lookahead_tokens // self.block_size) + 1) if lookahead_tokens else 0
-        cache = KVCacheManager(self.num_blocks + extra, self.block_size)
+        cache = KVCacheManager(
+            self.num_blocks + extra,
+            self.block_size,
+            name=f"draft cache {name!r} of backend {self.backend!r}",
+            hint=f" (the engine opens each request up to its seq_len for the step; positions past it need "
+            f"kv.ensure_capacity, within the lookahead_tokens={lookahead_tokens} given to ctx.new_cache)",
+        )
         self.caches[name] = cache
         return cache
 
