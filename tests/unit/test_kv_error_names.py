@@ -60,7 +60,7 @@ def test_every_bookkeeping_error_of_a_draft_cache_names_it() -> None:
 def test_an_unnamed_cache_keeps_its_plain_messages() -> None:
     cache = KVCacheManager(1, 4)
     cache.add_request("a")
-    with pytest.raises(KVCacheError, match="^request 'a': position 4 is outside"):
+    with pytest.raises(KVCacheError, match=r"^request 'a': position 4 is outside"):
         cache.slot_mapping("a", [4])
 
 
