@@ -80,21 +80,22 @@ def check_verified(
 
     A caller that copies the result to the host anyway (the engine) gets these
     for free, before a bad id reaches an embedding (a device-side crash) or the
-    output. With contracts on the registry raises (VER-1 before VER-2, which
-    do not overlap: more accepted than drafted, or a sentinel or out-of-vocabulary
-    draft accepted, is VER-2's); with contracts ``off`` the same checks raise
-    :class:`MalformedVerifierOutputError`.
+    output. With contracts on a broken one is the registry's ``ContractViolation``
+    (VER-1 before VER-2, which do not overlap: more accepted than drafted, or a
+    sentinel or out-of-vocabulary draft accepted, is VER-2's); with contracts
+    ``off`` the same checks raise :class:`MalformedVerifierOutputError`.
     """
     num_reqs = len(host_accepted)
     facts = VerifierFacts(
         num_reqs, num_spec_tokens, num_draft_tokens, inp, out, host_output=(host_tokens, host_accepted)
     )
-    if contracts.current_mode() is not contracts.Mode.OFF:
-        contracts.check(Subject.VERIFIER, facts, step_kind=StepKind.VERIFY, component=component)
-        return
+    # Only VER-1 and VER-2: ``verify`` checked everything else already, on the same inputs.
     found = host_violation(Subject.VERIFIER, facts, step_kind=StepKind.VERIFY, component=component, only=HOST_CHECKED)
-    if found is not None:
+    if found is None:
+        return
+    if contracts.current_mode() is contracts.Mode.OFF:
         raise MalformedVerifierOutputError(found)
+    raise found
 
 
 def verify(

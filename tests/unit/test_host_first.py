@@ -22,6 +22,7 @@ from contracts import REJECTED_TOKEN_ID, ContractViolation, VerifierInput, Verif
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
+from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.verifier import MalformedVerifierOutputError, check_verified
 
@@ -114,3 +115,17 @@ def test_the_engine_names_an_accepted_sentinel_before_it_reaches_the_output(
         engine.run(max_steps=50)
     assert getattr(info.value, "invariant_id", None) == "VER-2"
     assert all(t != REJECTED_TOKEN_ID for t in engine.requests["a"].output), "the sentinel never reached the output"
+
+
+@pytest.mark.parametrize("mode", ["off", "shapes", "full"])
+def test_a_correct_sampled_run_passes_the_host_checks(mode: str) -> None:
+    """Sampled requests carry a proposal: the host check reads only the result, never re-judges the proposal."""
+    target = Transformer(ModelConfig.tiny(), seed=0)
+    engine = Engine(
+        target, EngineConfig(num_blocks=64, block_size=4), speculator=create("eagle", target, num_spec_tokens=K)
+    )
+    engine.add_request("a", [3, 4, 5, 6], params=SamplingParams(temperature=1.0), max_tokens=8, seed=1)
+    engine.add_request("b", [7, 8, 9], max_tokens=8)
+    with contracts.enforce(mode):
+        out = engine.run(max_steps=50)
+    assert len(out["a"]) == 8 and len(out["b"]) == 8
