@@ -111,6 +111,8 @@ class ProposalCountFacts:
     """As the drafter returned them: PROP-3 is what says each must be an int, so a bad one is named, not a crash."""
     drafting: Sequence[bool]
     req_ids: Sequence[str]
+    counts_type: str = "tuple"
+    """The type the drafter returned ``num_drafts`` as; anything but a tuple or list of ints is PROP-2's."""
 
 
 @dataclass(frozen=True, eq=False)

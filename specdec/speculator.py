@@ -321,16 +321,18 @@ def check_proposal(proposal: Proposal, step: TargetStep, speculator: Speculator,
 
 def proposal_count_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -> ProposalCountFacts:
     """The proposal's rows and counts beside the target step's requests (PROP-*)."""
-    ids = proposal.draft_token_ids
+    ids, raw = proposal.draft_token_ids, proposal.num_drafts
     rows = int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 1 else -1
+    sequence = isinstance(raw, tuple | list)
     return ProposalCountFacts(
         num_reqs=step.num_reqs,
         num_reqs_padded=step.desc.num_reqs_padded(step.num_reqs),
         num_spec_tokens=num_spec_tokens,
         rows=rows,
-        num_drafts=tuple(proposal.num_drafts),
+        num_drafts=tuple(raw) if sequence else (),
         drafting=step.drafting,
         req_ids=step.req_ids,
+        counts_type="tuple" if sequence else type(raw).__name__,
     )
 
 

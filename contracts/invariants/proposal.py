@@ -57,7 +57,7 @@ def prop_1(facts: ProposalCountFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "PROP-2",
-    "num_drafts holds one count per request of the target step (num_reqs entries).",
+    "num_drafts is a host tuple holding one count per request of the target step (num_reqs entries).",
     tag=Tag.S,
     subject=Subject.PROPOSAL,
     step_kinds=PROPOSAL,
@@ -65,6 +65,12 @@ def prop_1(facts: ProposalCountFacts, _: ValueReader) -> Observed | None:
     "(0 for a request that does not draft)",
 )
 def prop_2(facts: ProposalCountFacts, _: ValueReader) -> Observed | None:
+    if facts.counts_type not in ("tuple", "list"):
+        return {
+            "num_drafts": facts.counts_type,
+            "likely_cause": "the counts were returned as a tensor or other object, not a tuple of host ints "
+            "(reading a device tensor's counts would be a hidden device sync)",
+        }
     n = len(facts.num_drafts)
     if n == facts.num_reqs:
         return None

@@ -148,6 +148,15 @@ def test_counts_for_the_drafting_requests_only_are_prop_2() -> None:
     assert refused_off(dataclasses.replace(proposal, num_drafts=counts)).invariant_id == "PROP-2"
 
 
+def test_counts_as_a_tensor_are_prop_2() -> None:
+    _, proposal, _ = mixed_step()
+    forged = dataclasses.replace(proposal)
+    object.__setattr__(forged, "num_drafts", torch.tensor(proposal.num_drafts))
+    err = violated(forged)
+    assert err.invariant_id == "PROP-2" and err.observed["num_drafts"] == "Tensor"
+    assert refused_off(forged).invariant_id == "PROP-2"
+
+
 # -- PROP-3: counts in [0, K] -----------------------------------------------------------------------------------------
 
 
