@@ -8,7 +8,15 @@ from contracts import invariants as _invariants  # noqa: F401  (registers the ca
 from contracts.descriptor import BatchExecutionDescriptor, CUDAGraphMode, DPSyncState
 from contracts.enforcement import ENV_VAR, Mode, check, current_mode, enforce, set_mode
 from contracts.evidence import BlockEvidence, CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
-from contracts.facts import BatchFacts, CacheFacts, DescriptorFacts, DPFacts, ProposalFacts, VerifierFacts
+from contracts.facts import (
+    BatchFacts,
+    CacheFacts,
+    DescriptorFacts,
+    DPFacts,
+    ProposalCountFacts,
+    ProposalFacts,
+    VerifierFacts,
+)
 from contracts.metadata import PAD_SLOT_ID, REJECTED_TOKEN_ID, AttentionMetadata, VerifierInput, VerifierOutput
 from contracts.registry import REGISTRY, Invariant, StepKind, Subject, Tag, all_invariants
 from contracts.violation import ContractViolation
@@ -33,6 +41,7 @@ __all__ = [
     "Invariant",
     "MarkovChainEvidence",
     "Mode",
+    "ProposalCountFacts",
     "ProposalFacts",
     "StepKind",
     "Subject",

@@ -116,3 +116,38 @@ def check(
                 component=component if backend is None else f"{component} (backend {backend})",
                 likely_cause=cause,
             )
+
+
+def host_violation(
+    subject: Subject,
+    facts: Any,
+    *,
+    step_kind: StepKind,
+    component: str,
+    only: frozenset[str] | None = None,
+) -> ContractViolation | None:
+    """The first broken invariant among those readable from host values, whatever the mode; returned, not raised.
+
+    For the few guards that hold even with contracts ``off`` because a later
+    device op would crash on (or silently mis-index) what they check: the
+    callers raise their own error naming the invariant. ``only`` restricts the
+    run to those IDs. Nothing is tallied: these are guards, not contract checks.
+    """
+    for inv in invariants_for(subject, step_kind):
+        if inv.tag.needs_full or (only is not None and inv.id not in only):
+            continue
+        try:
+            observed = inv.check(facts, _HOST_READER)
+        except Exception as exc:
+            observed = check_crashed(exc)
+        if observed is not None:
+            cause = observed.pop("likely_cause", None)
+            return violation(
+                inv.id,
+                observed,
+                descriptor=getattr(facts, "desc", None),
+                step_kind=step_kind,
+                component=component,
+                likely_cause=cause,
+            )
+    return None

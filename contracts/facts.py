@@ -95,6 +95,27 @@ class ProposalFacts:
 
 
 @dataclass(frozen=True, eq=False)
+class ProposalCountFacts:
+    """A proposal's row and draft counts against the target step it answers (PROP-*): all host values.
+
+    ``num_reqs`` is the target step's request count and ``num_reqs_padded`` its
+    DP-padded one (named when rows match it); ``drafting[r]`` says whether
+    request ``r`` verifies drafts next step.
+    """
+
+    num_reqs: int
+    num_reqs_padded: int
+    num_spec_tokens: int
+    rows: int
+    num_drafts: Sequence[object]
+    """As the drafter returned them: PROP-3 is what says each must be an int, so a bad one is named, not a crash."""
+    drafting: Sequence[bool]
+    req_ids: Sequence[str]
+    counts_type: str = "tuple"
+    """The type the drafter returned ``num_drafts`` as; anything but a tuple or list of ints is PROP-2's."""
+
+
+@dataclass(frozen=True, eq=False)
 class VerifierFacts:
     """Verifier input and output with the host-side draft counts the scheduler knows."""
 
@@ -105,6 +126,9 @@ class VerifierFacts:
     verifier_output: VerifierOutput | None = None
     sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     """The distribution the drafter actually drew from (VER-3)."""
+    host_output: tuple[Sequence[Sequence[int]], Sequence[int]] | None = None
+    """``(output_token_ids, num_accepted)`` as host lists, where the caller already copied them (the engine):
+    VER-1 and VER-2 read these in every mode, before any later device op could crash on a bad id."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -184,7 +184,7 @@ def all_invariants() -> Iterator[Invariant]:
     return iter(sorted(REGISTRY.values(), key=_catalog_order))
 
 
-_FAMILY_ORDER = ["DESC", "DP", "IN", "TGT", "AR", "BLK", "VER", "KV"]
+_FAMILY_ORDER = ["DESC", "DP", "IN", "TGT", "AR", "BLK", "PROP", "VER", "KV"]
 
 
 def _catalog_order(inv: Invariant) -> tuple[int, int, str]:

@@ -44,7 +44,7 @@ from specdec.step_undo import (
     undo_failed,
     undo_step,
 )
-from specdec.verifier import NonFiniteLogitsError, verify
+from specdec.verifier import NonFiniteLogitsError, check_verified, verify
 
 
 @dataclass(frozen=True)
@@ -440,8 +440,9 @@ class Engine:
         params = [items[r].request.params for r in sampling]
         generator = self._generator_for(items, sampling)
         journal.save_generator(generator)
+        inp = VerifierInput(draft_ids, torch.tensor(counts, dtype=torch.int64), logits, probs)
         out = verify(
-            VerifierInput(draft_ids, torch.tensor(counts, dtype=torch.int64), logits, probs),
+            inp,
             params,
             num_spec_tokens=k,
             num_draft_tokens=counts,
@@ -451,6 +452,8 @@ class Engine:
         )
         tokens = out.output_token_ids.tolist()
         num_accepted = out.num_accepted.tolist()
+        # On the host copy, in every mode, before an id reaches the output, the drafter or the next step's embedding.
+        check_verified(inp, out, tokens, num_accepted, num_spec_tokens=k, num_draft_tokens=counts, component="engine")
         emitted: dict[int, list[int]] = {}
         accepted: dict[int, int] = {}
         for i, r in enumerate(sampling):

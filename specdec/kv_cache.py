@@ -23,15 +23,19 @@ class KVCacheError(RuntimeError):
 class OutOfBlocksError(KVCacheError):
     """Not enough free blocks; nothing was allocated, so the caller can preempt and retry."""
 
-    def __init__(self, req_ids: str | Sequence[str], needed: int, free: int, total: int) -> None:
+    def __init__(
+        self, req_ids: str | Sequence[str], needed: int, free: int, total: int, *, cache: str | None = None
+    ) -> None:
         self.req_ids: tuple[str, ...] = (req_ids,) if isinstance(req_ids, str) else tuple(req_ids)
         self.needed = needed
         self.free = free
         self.total = total
+        self.cache = cache
         names = ", ".join(repr(r) for r in self.req_ids) or "<none>"
         label = "request" if len(self.req_ids) == 1 else "requests"
+        where = f"{cache}: " if cache else ""
         super().__init__(
-            f"out of KV blocks: {label} {names} need {needed} more block(s), "
+            f"{where}out of KV blocks: {label} {names} need {needed} more block(s), "
             f"but only {free} of {total} are free (nothing was allocated)"
         )
 
@@ -97,9 +101,21 @@ class KVCacheManager:
     held times ``block_size``) may run ahead of it while a step is in flight.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, finished_history: int = FINISHED_HISTORY) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        finished_history: int = FINISHED_HISTORY,
+        name: str | None = None,
+        hint: str = "",
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.name = name
+        """Who owns the cache (``draft cache 'eagle' of backend 'eagle'``): every error this cache raises starts with it."""
+        self._hint = hint
+        """What the owner should do when it addresses a position it holds no block for (a drafter: its lookahead)."""
         self._block_size = block_size
         self._pool = BlockPool(num_blocks)
         self._tables: dict[str, list[int]] = {}
@@ -108,6 +124,10 @@ class KVCacheManager:
         self._finished_history = finished_history
 
     # -- read-only views -------------------------------------------------------------------------
+
+    @property
+    def _where(self) -> str:
+        return f"{self.name}: " if self.name else ""
 
     @property
     def block_size(self) -> int:
@@ -154,7 +174,7 @@ class KVCacheManager:
 
     def add_request(self, req_id: str) -> None:
         if req_id in self._tables:
-            raise KVCacheError(f"request {req_id!r} is already in the cache")
+            raise KVCacheError(f"{self._where}request {req_id!r} is already in the cache")
         self._finished.pop(req_id, None)  # an id may be reused after it finished
         self._tables[req_id] = []
         self._lengths[req_id] = 0
@@ -162,7 +182,10 @@ class KVCacheManager:
     def ensure_capacity(self, req_id: str, num_tokens_total: int) -> list[int]:
         """Grow the request's blocks to hold ``num_tokens_total`` tokens; returns the new blocks. Never shrinks."""
         needed = self.blocks_needed(req_id, num_tokens_total)
-        new = self._pool.allocate(needed, owner=req_id)
+        try:
+            new = self._pool.allocate(needed, owner=req_id)
+        except OutOfBlocksError as exc:
+            raise OutOfBlocksError(req_id, exc.needed, exc.free, exc.total, cache=self.name) from None
         self._tables[req_id].extend(new)
         return new
 
@@ -172,7 +195,7 @@ class KVCacheManager:
         total_needed = sum(needs.values())
         if total_needed > self._pool.num_free:
             short = [r for r, n in needs.items() if n > 0]
-            raise OutOfBlocksError(short, total_needed, self._pool.num_free, self._pool.num_total)
+            raise OutOfBlocksError(short, total_needed, self._pool.num_free, self._pool.num_total, cache=self.name)
         for r, n in needs.items():
             self._tables[r].extend(self._pool.allocate(n, owner=r))
 
@@ -181,8 +204,8 @@ class KVCacheManager:
         cap = self.capacity(req_id)
         if not 0 <= n <= cap:
             raise KVCacheError(
-                f"request {req_id!r}: cannot set cached length {n}; capacity is {cap} tokens "
-                f"({len(self._tables[req_id])} blocks of {self._block_size}), call ensure_capacity first"
+                f"{self._where}request {req_id!r}: cannot set cached length {n}; capacity is {cap} tokens "
+                f"({len(self._tables[req_id])} blocks of {self._block_size}), call ensure_capacity first{self._hint}"
             )
         self._lengths[req_id] = n
 
@@ -190,11 +213,13 @@ class KVCacheManager:
         """Roll back to ``length`` cached tokens (rejected drafts) and free the blocks no longer needed (KV-2)."""
         current = self.length(req_id)
         if not 0 <= length <= current:
-            raise KVCacheError(f"request {req_id!r}: cannot truncate to {length}; cached length is {current}")
+            raise KVCacheError(
+                f"{self._where}request {req_id!r}: cannot truncate to {length}; cached length is {current}"
+            )
         table = self._tables[req_id]
         keep = blocks_for(length, self._block_size)
         released = table[keep:]
-        self._pool.free(released)
+        self._release(req_id, released)
         del table[keep:]
         self._lengths[req_id] = length
         return released
@@ -212,7 +237,7 @@ class KVCacheManager:
     def free(self, req_id: str) -> None:
         """A finished request returns every block and is remembered as finished (KV-1)."""
         table = self._table(req_id)
-        self._pool.free(table)
+        self._release(req_id, table)
         del self._tables[req_id]
         del self._lengths[req_id]
         self._finished[req_id] = None
@@ -222,7 +247,7 @@ class KVCacheManager:
     def preempt(self, req_id: str) -> int:
         """Drop all of the request's K/V and blocks but keep it registered; returns the tokens to recompute."""
         table = self._table(req_id)
-        self._pool.free(table)
+        self._release(req_id, table)
         table.clear()
         dropped = self._lengths[req_id]
         self._lengths[req_id] = 0
@@ -239,8 +264,9 @@ class KVCacheManager:
             block_index = pos // bs
             if pos < 0 or block_index >= len(table):
                 raise KVCacheError(
-                    f"request {req_id!r}: position {pos} is outside its allocated capacity of "
-                    f"{len(table) * bs} tokens; reserve blocks (ensure_capacity) before addressing them"
+                    f"{self._where}request {req_id!r}: position {pos} is outside its allocated capacity of "
+                    f"{len(table) * bs} tokens (cached length {self._lengths[req_id]}); reserve blocks "
+                    f"(ensure_capacity) before addressing them{self._hint}"
                 )
             slots.append(table[block_index] * bs + pos % bs)
         return slots
@@ -280,9 +306,16 @@ class KVCacheManager:
         facts = self.facts(committed_lengths, live_requests)
         run_checks(Subject.CACHE, facts, step_kind=StepKind.CACHE, component=component)
 
+    def _release(self, req_id: str, blocks: list[int]) -> None:
+        """Return ``blocks`` to the pool; a bookkeeping error names this cache and the request."""
+        try:
+            self._pool.free(blocks)
+        except KVCacheError as exc:
+            raise KVCacheError(f"{self._where}request {req_id!r}: {exc}") from None
+
     def _table(self, req_id: str) -> list[int]:
         try:
             return self._tables[req_id]
         except KeyError:
             state = "has finished" if req_id in self._finished else "was never added"
-            raise KVCacheError(f"request {req_id!r} is not in the cache (it {state})") from None
+            raise KVCacheError(f"{self._where}request {req_id!r} is not in the cache (it {state})") from None

@@ -23,12 +23,17 @@ from contracts import (
     BatchExecutionDescriptor,
     BatchFacts,
     BlockEvidence,
+    ContractViolation,
     DPSyncState,
+    Mode,
+    ProposalCountFacts,
     ProposalFacts,
     StepKind,
     Subject,
     check,
+    current_mode,
 )
+from contracts.enforcement import host_violation
 from specdec.attn_metadata import ScheduledRequest
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
@@ -198,7 +203,13 @@ class DraftContext:
         if name in self.caches:
             raise ValueError(f"draft cache {name!r} of backend {self.backend!r} exists already")
         extra = self.max_num_seqs * (-(-lookahead_tokens // self.block_size) + 1) if lookahead_tokens else 0
-        cache = KVCacheManager(self.num_blocks + extra, self.block_size)
+        cache = KVCacheManager(
+            self.num_blocks + extra,
+            self.block_size,
+            name=f"draft cache {name!r} of backend {self.backend!r}",
+            hint=f" (the engine opens each request up to its seq_len for the step; positions past it need "
+            f"kv.ensure_capacity, within the lookahead_tokens={lookahead_tokens} given to ctx.new_cache)",
+        )
         self.caches[name] = cache
         return cache
 
@@ -275,32 +286,63 @@ class DraftContext:
         )
 
 
+class MalformedProposalError(ValueError):
+    """A proposal that breaks a PROP invariant while contracts are ``off``.
+
+    The PROP checks read only host integers, so the engine runs them in every
+    mode: with contracts on they raise the registry's ``ContractViolation``;
+    with contracts ``off`` this error, with the same invariant ID and message,
+    because a malformed proposal would otherwise mis-index the next
+    verification whatever the mode.
+    """
+
+    def __init__(self, violation: ContractViolation) -> None:
+        self.invariant_id = violation.invariant_id
+        self.violation = violation
+        super().__init__(f"{violation} (raised with contracts off: proposal counts are checked in every mode)")
+
+
 def check_proposal(proposal: Proposal, step: TargetStep, speculator: Speculator, *, component: str = "engine") -> None:
-    """The engine's check of what a backend returned (AR-9 / BLK-7 / BLK-8 by the claimed step kind)."""
-    k = speculator.num_spec_tokens
-    rows = proposal.draft_token_ids.shape[0]
-    if rows != step.num_reqs or len(proposal.num_drafts) != step.num_reqs:
-        raise ValueError(
-            f"backend {speculator.name!r} returned {rows} draft rows and {len(proposal.num_drafts)} counts "
-            f"for {step.num_reqs} requests"
-        )
-    bad = [
-        (rid, n)
-        for rid, n, drafting in zip(step.req_ids, proposal.num_drafts, step.drafting, strict=True)
-        if not 0 <= n <= k or (n > 0 and not drafting)
-    ]
-    if bad:
-        raise ValueError(
-            f"backend {speculator.name!r} proposed draft counts outside [0, K={k}] or for non-drafting requests: {bad}"
-        )
+    """The engine's check of what a backend returned: PROP-* in every mode, then AR-9 / BLK-7 / BLK-8 by step kind."""
+    counts = proposal_count_facts(proposal, step, speculator.num_spec_tokens)
+    if current_mode() is Mode.OFF:
+        _guard_counts(counts, component=component, backend=speculator.name)
+    else:
+        check(Subject.PROPOSAL, counts, step_kind=StepKind.PROPOSAL, component=component, backend=speculator.name)
     kind = StepKind.DRAFT_BLOCK if StepKind.DRAFT_BLOCK in speculator.draft_step_kinds else StepKind.DRAFT_DECODE
     check(
         Subject.PROPOSAL,
-        proposal_facts(proposal, step, k),
+        proposal_facts(proposal, step, speculator.num_spec_tokens),
         step_kind=kind,
         component=component,
         backend=speculator.name,
     )
+
+
+def proposal_count_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -> ProposalCountFacts:
+    """The proposal's rows and counts beside the target step's requests (PROP-*)."""
+    ids, raw = proposal.draft_token_ids, proposal.num_drafts
+    rows = int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 1 else -1
+    sequence = isinstance(raw, tuple | list)
+    return ProposalCountFacts(
+        num_reqs=step.num_reqs,
+        num_reqs_padded=step.desc.num_reqs_padded(step.num_reqs),
+        num_spec_tokens=num_spec_tokens,
+        rows=rows,
+        num_drafts=tuple(raw) if sequence else (),
+        drafting=step.drafting,
+        req_ids=step.req_ids,
+        counts_type="tuple" if sequence else type(raw).__name__,
+    )
+
+
+def _guard_counts(counts: ProposalCountFacts, *, component: str, backend: str) -> None:
+    """PROP-* with contracts ``off``: the same registered checks, raised as ``MalformedProposalError``."""
+    found = host_violation(
+        Subject.PROPOSAL, counts, step_kind=StepKind.PROPOSAL, component=f"{component} (backend {backend})"
+    )
+    if found is not None:
+        raise MalformedProposalError(found)
 
 
 def proposal_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -> ProposalFacts:

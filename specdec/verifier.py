@@ -33,9 +33,10 @@ from torch import Tensor
 
 import contracts
 from contracts import REJECTED_TOKEN_ID, StepKind, Subject, VerifierFacts, VerifierInput, VerifierOutput
+from contracts.enforcement import host_violation
 from specdec.sampling import SamplingParams, probabilities, sample
 
-__all__ = ["NonFiniteLogitsError", "verify"]
+__all__ = ["MalformedVerifierOutputError", "NonFiniteLogitsError", "check_verified", "verify"]
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -48,6 +49,53 @@ class NonFiniteLogitsError(RuntimeError):
             "entry, so no token can be drawn (the verifier emitted none). Run with SPECDEC_CONTRACTS=full to have "
             "VER-5 name the rows; the usual cause is a non-finite target model (a NaN weight, a half-precision overflow)"
         )
+
+
+class MalformedVerifierOutputError(RuntimeError):
+    """A verification result that breaks VER-1 or VER-2 while contracts are ``off``: an id the next step would embed."""
+
+    def __init__(self, violation: contracts.ContractViolation) -> None:
+        self.invariant_id = violation.invariant_id
+        self.violation = violation
+        super().__init__(
+            f"{violation} (raised with contracts off: the host copy of the result is checked in every mode)"
+        )
+
+
+HOST_CHECKED = frozenset({"VER-1", "VER-2"})
+"""What ``check_verified`` reads from the caller's host copy."""
+
+
+def check_verified(
+    inp: VerifierInput,
+    out: VerifierOutput,
+    host_tokens: Sequence[Sequence[int]],
+    host_accepted: Sequence[int],
+    *,
+    num_spec_tokens: int,
+    num_draft_tokens: Sequence[int],
+    component: str = "verifier",
+) -> None:
+    """VER-1 and VER-2 on a host copy of ``verify``'s result, before the caller uses it: in every mode.
+
+    A caller that copies the result to the host anyway (the engine) gets these
+    for free, before a bad id reaches an embedding (a device-side crash) or the
+    output. With contracts on a broken one is the registry's ``ContractViolation``
+    (VER-1 before VER-2, which do not overlap: more accepted than drafted, or a
+    sentinel or out-of-vocabulary draft accepted, is VER-2's); with contracts
+    ``off`` the same checks raise :class:`MalformedVerifierOutputError`.
+    """
+    num_reqs = len(host_accepted)
+    facts = VerifierFacts(
+        num_reqs, num_spec_tokens, num_draft_tokens, inp, out, host_output=(host_tokens, host_accepted)
+    )
+    # Only VER-1 and VER-2: ``verify`` checked everything else already, on the same inputs.
+    found = host_violation(Subject.VERIFIER, facts, step_kind=StepKind.VERIFY, component=component, only=HOST_CHECKED)
+    if found is None:
+        return
+    if contracts.current_mode() is contracts.Mode.OFF:
+        raise MalformedVerifierOutputError(found)
+    raise found
 
 
 def verify(

@@ -241,6 +241,54 @@ def _padded_decode_rows_write_live_slot(real: Any) -> Any:
 
 # -- the corpus -----------------------------------------------------------------------------------------------------
 
+# -- the proposal handed back to the engine (PROP-*) -----------------------------------------------------------------
+
+
+def _proposal_mutant(perturb: Any) -> Any:
+    """A ``wrap`` for a drafter's ``propose``: the real proposal, then ``perturb(proposal, step, ctx)``."""
+
+    def wrap(real: Any) -> Any:
+        def propose(self: Any, step: Any, ctx: Any) -> Any:
+            return perturb(real(self, step, ctx), step, ctx)
+
+        return propose
+
+    return wrap
+
+
+def _forged(proposal: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` past the dataclass's runtime type check: what a drafter's bug hands the engine."""
+    out = dataclasses.replace(proposal)
+    for name, value in changes.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+def _rows_of_the_whole_buffer(proposal: Any, step: Any, ctx: Any) -> Any:
+    """Draft ids handed back as the drafter's persistent (max_num_seqs, K) buffer, not its first num_reqs rows."""
+    ids = proposal.draft_token_ids
+    if ctx.max_num_seqs > ids.shape[0]:
+        ids = torch.cat([ids, ids.new_zeros((ctx.max_num_seqs - ids.shape[0], ids.shape[1]))])
+    return _forged(proposal, draft_token_ids=ids)
+
+
+def _counts_for_drafting_only(proposal: Any, step: Any, ctx: Any) -> Any:
+    """One count per drafting request, as if the counts were built while looping over the drafting ones only."""
+    counts = tuple(n for n, drafting in zip(proposal.num_drafts, step.drafting, strict=True) if drafting)
+    return _forged(proposal, num_drafts=counts)
+
+
+def _counts_include_bonus(proposal: Any, step: Any, ctx: Any) -> Any:
+    """Each drafting request's count includes the bonus token: K + 1 for a full draft."""
+    return _forged(proposal, num_drafts=tuple(n + 1 if n else 0 for n in proposal.num_drafts))
+
+
+def _drafts_for_every_request(proposal: Any, step: Any, ctx: Any) -> Any:
+    """``step.drafting`` ignored: a request still in chunked prefill (or just finished) gets K drafts too."""
+    k = proposal.draft_token_ids.shape[1]
+    return _forged(proposal, num_drafts=(k,) * len(proposal.num_drafts))
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "eagle-padded-decode-row-writes-live-slot",
@@ -379,5 +427,37 @@ MUTANTS: tuple[Mutant, ...] = (
         "dp",
         "BLK-5",
         lambda: wrapped(DFlashSpeculator, "_block_inputs", _block_at_last_verified),
+    ),
+    Mutant(
+        "dflash-proposal-whole-buffer",
+        "DFlash hands back its persistent (max_num_seqs, K) draft-id buffer instead of its first num_reqs rows",
+        "dflash",
+        "dp",
+        "PROP-1",
+        lambda: wrapped(DFlashSpeculator, "propose", _proposal_mutant(_rows_of_the_whole_buffer)),
+    ),
+    Mutant(
+        "eagle-counts-for-drafting-only",
+        "EAGLE returns one draft count per drafting request instead of one per request of the step",
+        "eagle",
+        "dp",
+        "PROP-2",
+        lambda: wrapped(AutoregressiveSpeculator, "propose", _proposal_mutant(_counts_for_drafting_only)),
+    ),
+    Mutant(
+        "dflash-counts-include-bonus",
+        "DFlash counts the bonus token in each request's number of drafts (K + 1 for a full draft)",
+        "dflash",
+        "dp",
+        "PROP-3",
+        lambda: wrapped(DFlashSpeculator, "propose", _proposal_mutant(_counts_include_bonus)),
+    ),
+    Mutant(
+        "eagle-drafts-for-non-drafting",
+        "EAGLE ignores step.drafting and proposes K drafts for requests that finished in the step or are still in prefill",
+        "eagle",
+        "dp",
+        "PROP-4",
+        lambda: wrapped(AutoregressiveSpeculator, "propose", _proposal_mutant(_drafts_for_every_request)),
     ),
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
@@ -212,20 +214,17 @@ def ar_8(facts: BatchFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "AR-9",
-    "The autoregressive proposal has K columns and at least num_reqs rows; rows past num_reqs are never sampled.",
+    "The autoregressive draft ids are a 2-D integer tensor with K columns (their row count is PROP-1's).",
     tag=Tag.S,
     subject=Subject.PROPOSAL,
     step_kinds=DECODE,
-    likely_cause="draft tokens were sampled for padded requests or K was taken from another config",
+    likely_cause="K was taken from another config, or the drafts were stacked per step (K, rows) or kept as "
+    "probabilities instead of token ids",
 )
 def ar_9(facts: ProposalFacts, _: ValueReader) -> Observed | None:
-    shape = tuple(facts.draft_token_ids.shape)
-    padded = facts.desc.num_reqs_padded(facts.num_reqs)
-    if len(shape) != 2 or shape[1] != facts.num_spec_tokens or shape[0] not in (facts.num_reqs, padded):
-        return {
-            "draft_token_ids.shape": shape,
-            "num_reqs": facts.num_reqs,
-            "num_reqs_padded": padded,
-            "K": facts.num_spec_tokens,
-        }
+    ids = facts.draft_token_ids
+    shape = tuple(ids.shape)
+    integer = not ids.dtype.is_floating_point and not ids.dtype.is_complex and ids.dtype != torch.bool
+    if len(shape) != 2 or shape[1] != facts.num_spec_tokens or not integer:
+        return {"draft_token_ids.shape": shape, "dtype": str(ids.dtype), "K": facts.num_spec_tokens}
     return None

@@ -200,7 +200,7 @@ def _block_rows_writing_elsewhere(facts: BatchFacts, slots: list[int], reader: V
 
 @invariant(
     "BLK-7",
-    "Exactly num_reqs * N rows are sampled, all inside [0, desc.num_tokens).",
+    "Exactly num_reqs * N block rows are sampled (num_reqs: the block step's drafting requests; the proposal's own rows are PROP-1's), all inside [0, desc.num_tokens).",
     tag=Tag.SD,
     subject=Subject.PROPOSAL,
     step_kinds=BLOCK,

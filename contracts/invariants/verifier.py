@@ -29,13 +29,30 @@ MAX_LISTED = 8
 """Longest list of requests or slots a message shows; the rest is counted."""
 
 
+def _output_values(facts: VerifierFacts, reader: ValueReader) -> tuple[list[Any], list[Any]] | None:
+    """(output rows, num_accepted): the caller's host copy in every mode, else the device tensors in ``full``."""
+    if facts.host_output is not None:
+        rows, acc = facts.host_output
+        return [list(r) for r in rows], list(acc)
+    out = facts.verifier_output
+    if out is None:
+        return None
+    rows_d, acc_d = reader.device(out.output_token_ids), reader.device(out.num_accepted)
+    if rows_d is None or acc_d is None:
+        return None
+    return rows_d, acc_d
+
+
 @invariant(
     "VER-1",
-    "Output rows are (num_reqs, K + 1), 0 <= num_accepted_r <= num_draft_r, and entries past num_accepted_r + 1 hold the sentinel.",
+    "Output rows are (num_reqs, K + 1), num_accepted_r >= 0, the token after the accepted drafts is a token id in "
+    "[0, vocab), and entries past it hold the sentinel.",
     tag=Tag.SD,
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="the bonus token was dropped, or unused slots were left uninitialised",
+    accepts="a row all sentinel with num_accepted 0: no token could be drawn (non-finite target logits, VER-5), "
+    "which the engine reports as NonFiniteLogitsError; an accepted count past num_draft_r is VER-2's",
 )
 def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     out = facts.verifier_output
@@ -44,36 +61,53 @@ def ver_1(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     shape = tuple(out.output_token_ids.shape)
     if shape != (facts.num_reqs, facts.num_spec_tokens + 1) or out.num_accepted.shape[0] != facts.num_reqs:
         return {"output shape": shape, "expected": (facts.num_reqs, facts.num_spec_tokens + 1)}
-    acc, rows = reader.device(out.num_accepted), reader.device(out.output_token_ids)
-    if acc is None or rows is None:
+    values = _output_values(facts, reader)
+    if values is None:
         return None
-    for r, (a, row) in enumerate(zip(acc, rows, strict=True)):
-        d = facts.num_draft_tokens[r]
-        emitted, unused = row[: a + 1], row[a + 1 :]
-        if not 0 <= a <= d or any(t < 0 for t in emitted) or any(t != REJECTED_TOKEN_ID for t in unused):
-            return {"request": r, "num_accepted": a, "num_draft": d, "output row": row}
+    vocab = facts.verifier_input.target_logits.shape[-1]
+    for r, (row, a) in enumerate(zip(*values, strict=True)):
+        if a > facts.num_draft_tokens[r]:
+            continue  # more accepted than drafted: VER-2 names it (a sentinel accepted), not a dropped bonus
+        if a == 0 and all(t == REJECTED_TOKEN_ID for t in row):
+            continue  # no token could be drawn: VER-5 / NonFiniteLogitsError
+        if a < 0 or not 0 <= row[a] < vocab or any(t != REJECTED_TOKEN_ID for t in row[a + 1 :]):
+            return {
+                "request": r,
+                "num_accepted": a,
+                "num_draft": facts.num_draft_tokens[r],
+                "output row": _cut(row),
+                "vocab": vocab,
+            }
     return None
 
 
 @invariant(
     "VER-2",
-    "A padded or sentinel draft id is never accepted.",
-    tag=Tag.D,
+    "No request accepts more drafts than it has (num_accepted_r <= num_draft_r), and no accepted draft is a padded, "
+    "sentinel or out-of-vocabulary id.",
+    tag=Tag.SD,
     subject=Subject.VERIFIER,
     step_kinds=VERIFY,
     likely_cause="draft slots past num_draft_r were compared with the target instead of being masked",
 )
 def ver_2(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
-    out = facts.verifier_output
-    if out is None:
+    """Read from the engine's host copy in every mode; from the device tensors in ``full`` otherwise."""
+    values = _output_values(facts, reader)
+    if values is None:
         return None
-    acc, drafts = reader.device(out.num_accepted), reader.device(facts.verifier_input.draft_token_ids)
-    if acc is None or drafts is None:
-        return None
-    for r, a in enumerate(acc):
-        accepted = drafts[r][:a]
-        if a > facts.num_draft_tokens[r] or any(t < 0 for t in accepted):
-            return {"request": r, "num_accepted": a, "num_draft": facts.num_draft_tokens[r], "draft row": drafts[r]}
+    vocab = facts.verifier_input.target_logits.shape[-1]
+    drafts = reader.device(facts.verifier_input.draft_token_ids)  # what was drafted: a pad inside num_draft_r too
+    for r, (row, a) in enumerate(zip(*values, strict=True)):
+        accepted = row[: max(a, 0)] + (drafts[r][: max(a, 0)] if drafts is not None else [])
+        if a > facts.num_draft_tokens[r] or any(not 0 <= t < vocab for t in accepted):
+            return {
+                "request": r,
+                "num_accepted": a,
+                "num_draft": facts.num_draft_tokens[r],
+                "accepted ids": _cut(row[: max(a, 0)]),
+                "draft row": None if drafts is None else _cut(drafts[r]),
+                "vocab": vocab,
+            }
     return None
 
 
@@ -96,7 +130,9 @@ def ver_3(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
             "drawn from": None if drawn is None else tuple(drawn.shape),
             "problem": "the proposal handed over and the one drawn from differ in presence or shape",
         }
-    if given is drawn or not reader.allow_device or _proposal_shape_error(facts) is not None:
+    if given is drawn or not reader.allow_device or facts.verifier_output is not None:
+        return None  # the values are compared once, before sampling
+    if _proposal_shape_error(facts) is not None:
         return None
     # One reduction on the device, then a (num_reqs, K) read: the distributions are vocab-wide.
     differs = reader.device((given.float() - drawn.float()).abs().amax(dim=-1) > PROPOSAL_ATOL)

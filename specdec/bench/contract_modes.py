@@ -3,10 +3,10 @@
 ``off``, ``shapes`` and ``full`` are the modes of ``contracts.set_mode``.
 ``none`` is the runtime with its contract entry points removed:
 ``contracts.check`` (under every name a loaded module bound it to) and the
-engine's ``check_proposal`` are swapped for a function that does nothing, so
+engine's ``check_proposal`` and ``check_verified`` are swapped for a function that does nothing, so
 not even the mode is read; it is the "no contracts" baseline that ``off`` must
-be indistinguishable from. (``check_proposal``'s plain sanity checks on draft
-counts go too; guards that read ``current_mode()`` see ``off``.)
+be indistinguishable from. (Their guards on draft counts and emitted ids, which hold
+in ``off`` too, go as well; guards that read ``current_mode()`` see ``off``.)
 
 Two figures per mode: the wall time relative to ``off`` (median over
 interleaved rounds: everything the mode costs, fact building included, but
@@ -33,9 +33,9 @@ MODES = ("none", "off", "shapes", "full")
 
 
 def _entry_points() -> list[Callable[..., Any]]:
-    from specdec import speculator
+    from specdec import speculator, verifier
 
-    return [contracts.enforcement.check, speculator.check_proposal]
+    return [contracts.enforcement.check, speculator.check_proposal, verifier.check_verified]
 
 
 def _bindings(targets: list[Callable[..., Any]]) -> list[tuple[Any, str, Callable[..., Any]]]:

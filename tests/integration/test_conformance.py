@@ -167,7 +167,7 @@ def broken_factory(target: Transformer, **options: Any) -> Speculator:
 def test_a_broken_backend_fails_with_the_example_that_broke_it() -> None:
     result = run_family(broken_factory, "chunked-prefill", examples=10, stop_at_first_failure=True)
     assert not result.passed and result.first_failure_example is not None
-    assert result.caught_by == ["ValueError"] and "non-drafting requests" in (result.first_failure or "")
+    assert result.caught_by == ["PROP-4"] and "non-drafting requests" in (result.first_failure or "")
     assert "family=chunked-prefill" in (result.first_failure or "")
     case = _cases("chunked-prefill", 1)[0]
     assert run_case(factory_for("eagle"), case).ok

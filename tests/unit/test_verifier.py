@@ -578,9 +578,12 @@ def test_ver1_malformed_outputs() -> None:
 
     wrong_shape = VerifierOutput(torch.tensor([[1, 2], [3, -1]]), torch.tensor([1, 0]))
     not_sentinel = VerifierOutput(torch.tensor([[4, -1, 0], [3, -1, -1]]), torch.tensor([0, 0]))
-    too_many = VerifierOutput(torch.tensor([[1, 2, 3], [3, 4, -1]]), torch.tensor([2, 2]))
-    for out in (wrong_shape, not_sentinel, too_many):
+    bonus_outside_vocab = VerifierOutput(torch.tensor([[1, 9, -1], [3, -1, -1]]), torch.tensor([1, 0]))
+    for out in (wrong_shape, not_sentinel, bonus_outside_vocab):
         assert _violation(lambda out=out: check(out)) == "VER-1"  # type: ignore[misc]
+    # More accepted than drafted is VER-2's (a padded slot accepted), not a dropped bonus.
+    too_many = VerifierOutput(torch.tensor([[1, 2, 3], [3, 4, -1]]), torch.tensor([2, 2]))
+    assert _violation(lambda: check(too_many)) == "VER-2"
     with contracts.enforce("full"):
         check(VerifierOutput(torch.tensor([[1, 0, -1], [3, 4, -1]]), torch.tensor([1, 1])))
 
