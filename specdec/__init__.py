@@ -19,6 +19,9 @@ except metadata.PackageNotFoundError:  # a source tree on sys.path that was neve
     __version__ = "0+unknown"
 
 _EXPORTS = {
+    "CompletionOutput": "specdec.llm",
+    "LLM": "specdec.llm",
+    "RequestOutput": "specdec.llm",
     "DraftContext": "specdec.speculator",
     "DraftModel": "specdec.speculator",
     "DraftOutput": "specdec.speculator",
@@ -37,6 +40,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "LLM",
+    "CompletionOutput",
     "DraftContext",
     "DraftModel",
     "DraftOutput",
@@ -44,6 +49,7 @@ __all__ = [
     "EngineConfig",
     "ModelConfig",
     "Proposal",
+    "RequestOutput",
     "RunMetrics",
     "SamplingParams",
     "ScheduledRequest",
@@ -59,6 +65,7 @@ if TYPE_CHECKING:
     from specdec.attn_metadata import ScheduledRequest
     from specdec.draft_step_kinds import StepKindError
     from specdec.engine import Engine, EngineConfig, RunMetrics
+    from specdec.llm import LLM, CompletionOutput, RequestOutput
     from specdec.nn.config import ModelConfig
     from specdec.nn.transformer import Transformer
     from specdec.sampling import SamplingParams

@@ -148,10 +148,11 @@ class Engine:
         prompt: Sequence[int],
         *,
         params: SamplingParams | None = None,
-        max_tokens: int = 16,
+        max_tokens: int | None = None,
         stop_token_ids: Sequence[int] = (),
         seed: int | None = None,
     ) -> Request:
+        """Queue a request; ``max_tokens`` and ``seed`` default to the params', ``stop_token_ids`` adds to theirs."""
         self._refuse_if_failed()
         if req_id in self.requests:
             raise ValueError(f"request id {req_id!r} is already in use by an unfinished request")
@@ -159,13 +160,15 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"request {req_id!r}: prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        params = params or SamplingParams(temperature=0.0)
+        seed = params.seed if seed is None else seed
         generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
         req = Request(
             req_id,
             list(prompt),
-            params or SamplingParams(temperature=0.0),
-            max_tokens,
-            frozenset(stop_token_ids),
+            params,
+            params.max_tokens if max_tokens is None else max_tokens,
+            frozenset(stop_token_ids) | frozenset(params.stop_token_ids),
             generator=generator,
         )
         self.scheduler.add(req)

@@ -39,10 +39,14 @@ MAX_TEMPERATURE = float(torch.finfo(torch.float32).max)
 
 
 class SamplingParams(BaseModel):
-    """Per-request sampling settings; ``temperature == 0`` means greedy (argmax).
+    """Per-request settings in vLLM's terms; ``temperature == 0`` means greedy (argmax).
 
-    Strict validation: ``top_k=True`` or ``temperature="1"`` are errors rather
-    than silently coerced values. Seeding is the caller's (a ``torch.Generator``).
+    The sampling fields shape each token's distribution; ``max_tokens``,
+    ``stop_token_ids`` and ``seed`` are what ``Engine.add_request`` uses when
+    it is not given them itself, and ``stop`` (strings) and ``ignore_eos`` are
+    read by ``specdec.LLM``, which detokenizes. Strict validation: ``top_k=True``
+    or ``temperature="1"`` are errors rather than silently coerced values; lists
+    are accepted where tuples are stored, and vLLM's ``top_k=-1`` (or 0) means all.
     """
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
@@ -52,6 +56,37 @@ class SamplingParams(BaseModel):
     """Keep the k most likely tokens (ties at the k-th value are all kept); None keeps all."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     """Keep the smallest set of most likely tokens whose mass is >= top_p; None keeps all."""
+    max_tokens: int = Field(default=16, ge=1)
+    """Tokens to generate at most (vLLM's default, 16)."""
+    stop: tuple[str, ...] = ()
+    """Text that ends the output when generated; the output stops before it (``specdec.LLM``)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the output, besides the model's own stop tokens; the stop token is kept."""
+    ignore_eos: bool = False
+    """Generate past the model's own stop tokens (``specdec.LLM``); ``stop_token_ids`` still apply."""
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    """Seed of this request's own generator. The verifier draws from it in steps where this is the only sampled
+    request; a step that samples several requests draws from the engine's stream (``EngineConfig.seed``), so a
+    run is reproducible as a whole, not each request independently of the others in its batch."""
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _vllm_all(cls, top_k: object) -> object:
+        return None if type(top_k) is int and top_k in (-1, 0) else top_k
+
+    @field_validator("stop", "stop_token_ids", mode="before")
+    @classmethod
+    def _sequence(cls, value: object) -> object:
+        if isinstance(value, str):
+            return (value,)
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty(cls, stop: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s for s in stop):
+            raise ValueError("an empty stop string would end every output at once; remove it")
+        return stop
 
     @field_validator("temperature")
     @classmethod
