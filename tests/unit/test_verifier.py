@@ -99,15 +99,23 @@ def test_sampling_params_validation() -> None:
         {"temperature": -0.1},
         {"temperature": float("nan")},
         {"temperature": float("inf")},
-        {"top_k": 0},
+        {"top_k": -2},
         {"top_k": True},
         {"top_k": 2.0},
         {"top_p": 0.0},
         {"top_p": 1.5},
-        {"seed": 3},
+        {"seed": -1},
+        {"seed": 2**63},
+        {"seed": True},
+        {"max_tokens": 0},
+        {"stop": [""]},
+        {"stop_token_ids": ["3"]},
+        {"ignore_eos": 1},
+        {"best_of": 2},  # a vLLM field specdec does not implement: refused, not ignored
     ):
         with pytest.raises(ValidationError):
             SamplingParams(**bad)
+    assert SamplingParams(top_k=0).top_k is None and SamplingParams(top_k=-1).top_k is None  # vLLM's "all"
     with pytest.raises(ValidationError):
         PLAIN.temperature = 0.5
 
