@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from contracts.metadata import REJECTED_TOKEN_ID
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
-    from contracts.facts import VerifierFacts
+    from contracts.evidence import ProposalSourceEvidence
+    from contracts.facts import ForwardOutputFacts, ProposalFacts, VerifierFacts
 
 VERIFY = {StepKind.VERIFY}
 PROPOSAL_ATOL = 1e-5
@@ -321,3 +324,124 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
         "draft_probs at it": q_x[r][j],
         "problem": "a draft token has probability 0 under the proposal it was supposedly drawn from",
     }
+
+
+# -- the drafter's side: what its forwards hand to its sampler -------------------------------------------------------
+
+
+@invariant(
+    "VER-8",
+    "A draft forward's logits hold no NaN or +inf on its real rows, and every real row has a finite entry.",
+    tag=Tag.D,
+    subject=Subject.FORWARD_OUTPUT,
+    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    likely_cause="the drafter produced non-finite values (a NaN or uninitialised drafter weight, an overflow in half "
+    "precision); every draft and proposal built from these rows is garbage, and sampling from them fails",
+    accepts="non-finite padded rows (a padded request attends to no key) and -inf entries of a masked token",
+)
+def ver_8(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
+    if not reader.allow_device:
+        return None
+    logits = facts.logits
+    if logits.dim() != 2 or logits.shape[0] < facts.num_tokens:
+        return {"logits shape": tuple(logits.shape), "real rows": facts.num_tokens}
+    real = logits[: facts.num_tokens]
+    finite = reader.device(real.amax(dim=-1).isfinite())  # NaN and +inf propagate; -inf only for an all -inf row
+    if finite is None or all(finite):
+        return None
+    bad = [i for i, ok in enumerate(finite) if not ok]
+    first = real[bad[0]]
+    return {
+        "real rows": facts.num_tokens,
+        "non-finite rows": _cut(bad),
+        f"row {bad[0]}": {
+            "NaN entries": int(first.isnan().sum()),
+            "+inf entries": int((first == float("inf")).sum()),
+            "finite entries": int(first.isfinite().sum()),
+        },
+    }
+
+
+def _temperature_softmax(logits: Any, temperature: float) -> Any:
+    """softmax(logits / T) in float64, shifted by the row maximum (greedy rows are one-hot, handled apart)."""
+    x = logits.double()
+    return ((x - x.amax(dim=-1, keepdim=True)) / temperature).softmax(dim=-1)
+
+
+def _slot_against_definition(q: Any, logits: Any, temperature: float, truncated: bool) -> str | None:
+    """Why ``q`` (one slot's reported proposal) is not what ``logits`` give under these settings, or None.
+
+    Untruncated rows must equal softmax(logits / T). A top-k / top-p row must be
+    that softmax restricted to the tokens it keeps and renormalised, and the tokens
+    kept must be the most likely ones: no dropped token has a larger logit than a
+    kept one. (Which cut top-k / top-p makes is not restated here: a boundary tie
+    would make an exact restatement brittle.)
+    """
+    q = q.double()
+    if temperature == 0.0:
+        best = logits.max()
+        top = int(q.argmax())
+        if abs(float(q[top]) - 1.0) > PROPOSAL_ATOL or float(logits[top]) < float(best):
+            return "a greedy request's proposal is not one-hot at the argmax of the drafter's logits"
+        return None
+    want = _temperature_softmax(logits, temperature)
+    if truncated:
+        kept = q > 0
+        if not bool(kept.any()):
+            return "a truncated proposal keeps no token"
+        if bool((~kept).any()) and float(logits[~kept].max()) > float(logits[kept].min()):
+            return "top-k / top-p kept a token while dropping a more likely one"
+        want = torch.where(kept, want, 0.0)
+        want = want / want.sum()
+    gap = float((q - want).abs().max())
+    if gap > PROPOSAL_ATOL:
+        return f"max |reported - definition| = {gap:.3g}"
+    return None
+
+
+@invariant(
+    "VER-9",
+    "Where a drafter reports the logits its proposal came from, every drafted slot's draft_probs is their "
+    "distribution under the request's sampling settings: softmax(logits / T) (one-hot argmax when greedy), restricted "
+    "to the most likely tokens and renormalised under top-k / top-p.",
+    tag=Tag.D,
+    subject=Subject.PROPOSAL,
+    step_kinds={StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    likely_cause="the drafter's sampling transform ignored a setting (the temperature, top-k or top-p) and reported "
+    "the distribution it wrongly drew from; verification stays lossless, but drafts follow the wrong distribution "
+    "and are rejected more often",
+)
+def ver_9(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
+    src, probs = facts.source, facts.draft_probs
+    if src is None or not reader.allow_device:
+        return None
+    rows = len(src.num_drafts)
+    if probs is None:  # argmax drafts: a one-hot proposal is lossless whatever the settings
+        return None
+    if (
+        tuple(src.logits.shape) != tuple(probs.shape)
+        or rows != probs.shape[0]
+        or not (len(src.temperature) == len(src.top_k) == len(src.top_p) == rows)
+    ):
+        return {
+            "source logits shape": tuple(src.logits.shape),
+            "draft_probs shape": tuple(probs.shape),
+            "per-row settings": (len(src.num_drafts), len(src.temperature), len(src.top_k), len(src.top_p)),
+        }
+    return _first_slot_off_definition(src, probs)
+
+
+def _first_slot_off_definition(src: ProposalSourceEvidence, probs: Any) -> Observed | None:
+    vocab = probs.shape[-1]
+    for r, drafted in enumerate(src.num_drafts):
+        t, k, p = src.temperature[r], src.top_k[r], src.top_p[r]
+        truncated = (k is not None and k < vocab) or (p is not None and p < 1.0)
+        for j in range(int(drafted)):
+            problem = _slot_against_definition(probs[r, j], src.logits[r, j], t, truncated)
+            if problem is not None:
+                return {
+                    "(row, draft slot)": (r, j),
+                    "sampling settings": {"temperature": t, "top_k": k, "top_p": p},
+                    "problem": problem,
+                }
+    return None
