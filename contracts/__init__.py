@@ -23,7 +23,14 @@ from contracts.facts import (
     ProposalFacts,
     VerifierFacts,
 )
-from contracts.metadata import PAD_SLOT_ID, REJECTED_TOKEN_ID, AttentionMetadata, VerifierInput, VerifierOutput
+from contracts.metadata import (
+    PAD_SLOT_ID,
+    REJECTED_TOKEN_ID,
+    AttentionMetadata,
+    RecoveryEvidence,
+    VerifierInput,
+    VerifierOutput,
+)
 from contracts.registry import REGISTRY, Invariant, StepKind, Subject, Tag, all_invariants
 from contracts.violation import ContractViolation
 
@@ -50,6 +57,7 @@ __all__ = [
     "Mode",
     "ProposalFacts",
     "ProposalSourceEvidence",
+    "RecoveryEvidence",
     "StepKind",
     "Subject",
     "Tag",

@@ -445,3 +445,77 @@ def _first_slot_off_definition(src: ProposalSourceEvidence, probs: Any) -> Obser
                     "problem": problem,
                 }
     return None
+
+
+# -- the recovered token: drawn from the residual, by definition ------------------------------------------------------
+
+
+@invariant(
+    "VER-10",
+    "Each sampled request's recovered token is drawn from max(0, p - q) normalised at the slot where it stopped (p "
+    "itself where that residual has no mass), with q the proposal of the rejected draft as handed to the verifier "
+    "(zero at the bonus or an unusable slot).",
+    tag=Tag.D,
+    subject=Subject.VERIFIER,
+    step_kinds=VERIFY,
+    likely_cause="the residual was built with the wrong sign (q - p), not clamped or not normalised, or took q from "
+    "another slot than the rejected draft's; the output then no longer follows the target's distribution",
+)
+def ver_10(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
+    out = facts.verifier_output
+    rec = None if out is None else out.recovery
+    if rec is None or not reader.allow_device:
+        return None
+    p, q, dist = rec.target, rec.proposal, rec.distribution
+    n = rec.rows.shape[0]
+    if p.dim() != 2 or p.shape != q.shape or p.shape != dist.shape or p.shape[0] != n or rec.position.shape[0] != n:
+        return {
+            "shapes (rows, position, target, proposal, distribution)": [
+                tuple(t.shape) for t in (rec.rows, rec.position, p, q, dist)
+            ]
+        }
+    # The definition, with the verifier's own operations and dtype, so a correct one matches it exactly.
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    want = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
+    off = reader.device((dist - want).abs().amax(dim=-1) > PROPOSAL_ATOL)
+    rows, pos = reader.device(rec.rows), reader.device(rec.position)
+    if off is None or rows is None or pos is None:
+        return None
+    wrong = [(rows[i], pos[i]) for i, bad in enumerate(off) if bad]
+    if wrong:
+        i = off.index(True)
+        return {
+            "(request, slot)": _cut(wrong),
+            "max |distribution - normalised max(0, p - q)|": round(float((dist[i] - want[i]).abs().max()), 6),
+            "problem": "the recovered token was not drawn from the residual of the target and the proposal",
+        }
+    return _proposal_not_the_rejected_drafts(facts, rows, pos, q, reader)
+
+
+def _proposal_not_the_rejected_drafts(
+    facts: VerifierFacts, rows: list[int], pos: list[int], q: Any, reader: ValueReader
+) -> Observed | None:
+    """The first row whose q is neither zero nor the handed-over proposal of its rejected draft, or None."""
+    given, ids = facts.verifier_input.draft_probs, facts.verifier_input.draft_token_ids
+    vocab = q.shape[-1]
+    for i, (r, j) in enumerate(zip(rows, pos, strict=True)):
+        if not 0 <= r < facts.num_reqs or not 0 <= j <= facts.num_spec_tokens:
+            return {"recovery row": i, "(request, slot)": (r, j), "problem": "no such request or slot"}
+        if j >= int(facts.num_draft_tokens[r]) or not bool(q[i].any()):
+            if bool(q[i].any()):
+                return {"(request, slot)": (r, j), "problem": "a proposal at the bonus position, which has no draft"}
+            continue
+        expected = (
+            given[r, j].to(q.dtype)
+            if given is not None
+            else torch.nn.functional.one_hot(ids[r, j].long().clamp(0, vocab - 1), vocab).to(q.dtype)
+        )
+        gap = float((q[i] - expected).abs().max())
+        if gap > PROPOSAL_ATOL:
+            return {
+                "(request, slot)": (r, j),
+                "max |q used - draft_probs at the slot|": round(gap, 6),
+                "problem": "the residual subtracted another q than the rejected draft's proposal",
+            }
+    return None

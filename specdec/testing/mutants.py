@@ -25,6 +25,7 @@ import specdec.verifier
 from contracts import REJECTED_TOKEN_ID
 from specdec.dp_sync import sync_dp
 from specdec.nn.transformer import Transformer
+from specdec.sampling import sample
 from specdec.speculator import DraftContext
 from specdec.testing.mutant import Apply, Mutant, constructed, wrapped
 
@@ -322,6 +323,35 @@ MODEL_INPUT_MUTANTS: tuple[Mutant, ...] = (
         lambda: wrapped(specdec.engine, "build_positions", _padded_positions_minus_one),
     ),
 )
-"""Mutants of the model inputs (IN-*), kept in their own block; ``MUTANTS`` ends with them."""
+"""Mutants of the model inputs (IN-*), kept in their own block; ``MUTANTS`` ends with these two blocks."""
 
-MUTANTS = MUTANTS + MODEL_INPUT_MUTANTS
+
+# -- the recovered token's distribution (VER-10) --------------------------------------------------------------------
+
+
+def _residual_sign_swapped(real: Any) -> Any:
+    """The residual built as max(0, q - p): the recovered token is drawn from where the drafter over-proposed."""
+
+    def verify_sampled(p: Any, drafts: Any, valid: Any, draft_probs: Any, generator: Any) -> Any:
+        accepted, _, rec = real(p, drafts, valid, draft_probs, generator)
+        residual = (rec.proposal - rec.target).clamp_min(0.0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        dist = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), rec.target)
+        return accepted, sample(dist, generator), dataclasses.replace(rec, distribution=dist)
+
+    return verify_sampled
+
+
+DEFINITION_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "verifier-residual-sign-swapped",
+        "the verifier's residual is max(0, q - p) instead of max(0, p - q): recovered tokens follow the wrong distribution",
+        "eagle",
+        "sampling",
+        "VER-10",
+        lambda: wrapped(specdec.verifier, "_verify_sampled", _residual_sign_swapped),
+    ),
+)
+"""Values the verifier computes that a contract restates by their definition."""
+
+MUTANTS = MUTANTS + MODEL_INPUT_MUTANTS + DEFINITION_MUTANTS

@@ -1,4 +1,4 @@
-"""One padded-request standard for every forward (PAD-*, KV-3), and values checked by their definition (BLK-8, VER-8, VER-9).
+"""One padded-request standard for every forward (PAD-*, KV-3), and values checked by their definition (BLK-8, VER-8..10).
 
 Each check fires on a planted bug and stays silent on the correct value.
 """
@@ -25,6 +25,9 @@ from contracts import (
     ProposalFacts,
     StepKind,
     Subject,
+    VerifierFacts,
+    VerifierInput,
+    VerifierOutput,
     check,
 )
 from specdec.dispatch import CaptureConfig
@@ -282,3 +285,65 @@ def test_slots_past_a_rows_draft_count_are_not_checked() -> None:
     probs[1] = 0.0  # a non-drafting row: its slots hold nothing
     facts = dataclasses.replace(proposal_from(probs, logits, params), source=proposal_source(logits, (3, 0), params))
     assert violated(Subject.PROPOSAL, facts, DECODE) is None
+
+
+# -- VER-10: the recovered token is drawn from the normalised residual -------------------------------------------------
+
+
+def sampled_verification(seed: int, swap: bool = False) -> tuple[VerifierFacts, VerifierOutput]:
+    """A real sampled verification of 6 requests (K = 3), optionally re-labelled with a swapped residual."""
+    from specdec.verifier import verify
+
+    g = torch.Generator().manual_seed(seed)
+    k, vocab, n = 3, 12, 6
+    drafts = torch.randint(0, vocab, (n, k), generator=g)
+    q = torch.softmax(torch.randn((n, k, vocab), generator=g) * 2, dim=-1)
+    inp = VerifierInput(
+        draft_token_ids=drafts,
+        num_draft_tokens=torch.full((n,), k),
+        target_logits=torch.randn((n * (k + 1), vocab), generator=g) * 2,
+        draft_probs=q,
+    )
+    with contracts.enforce("full"):
+        out = verify(
+            inp,
+            [SamplingParams(temperature=1.0)] * n,
+            num_spec_tokens=k,
+            num_draft_tokens=[k] * n,
+            generator=g,
+            sampled_from=q,
+        )
+    assert out.recovery is not None
+    if swap:
+        rec = out.recovery
+        residual = (rec.proposal - rec.target).clamp_min(0.0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        dist = torch.where(mass > 0, residual / mass, rec.target)
+        out = dataclasses.replace(out, recovery=dataclasses.replace(rec, distribution=dist))
+    return VerifierFacts(n, k, [k] * n, inp, out, sampled_from=q), out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_verifiers_own_residual_passes_ver_10(seed: int) -> None:
+    facts, _ = sampled_verification(seed)
+    assert violated(Subject.VERIFIER, facts, StepKind.VERIFY) is None
+
+
+def test_a_residual_with_the_wrong_sign_is_ver_10() -> None:
+    facts, out = sampled_verification(0, swap=True)
+    assert out.recovery is not None and bool((out.recovery.position < 3).any()), "no rejection to judge"
+    assert violated(Subject.VERIFIER, facts, StepKind.VERIFY, "shapes") is None  # a device read: full only
+    assert violated(Subject.VERIFIER, facts, StepKind.VERIFY) == "VER-10"
+
+
+def test_a_residual_of_another_slots_q_is_ver_10() -> None:
+    facts, out = sampled_verification(1)
+    rec = out.recovery
+    assert rec is not None
+    i = int((rec.position < 3).nonzero()[0])
+    q = rec.proposal.clone()
+    q[i] = torch.softmax(torch.randn(q.shape[-1], generator=torch.Generator().manual_seed(9)), dim=-1)
+    residual = (rec.target - q).clamp_min(0.0)
+    dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual / residual.sum(-1, keepdim=True), rec.target)
+    bad = dataclasses.replace(out, recovery=dataclasses.replace(rec, proposal=q, distribution=dist))
+    assert violated(Subject.VERIFIER, dataclasses.replace(facts, verifier_output=bad), StepKind.VERIFY) == "VER-10"
