@@ -375,9 +375,12 @@ def _slot_against_definition(q: Any, logits: Any, temperature: float, truncated:
     that softmax restricted to the tokens it keeps and renormalised, and the tokens
     kept must be the most likely ones: no dropped token has a larger logit than a
     kept one. (Which cut top-k / top-p makes is not restated here: a boundary tie
-    would make an exact restatement brittle.)
+    would make an exact restatement brittle.) A slot that is not a distribution
+    at all is left to VER-6, which names that cause.
     """
     q = q.double()
+    if not bool(((q >= 0) & (q < float("inf"))).all()) or abs(float(q.sum()) - 1.0) > PROPOSAL_SUM_ATOL:
+        return None  # not a distribution at all: VER-6 names that, the more specific cause, at verification
     if temperature == 0.0:
         best = logits.max()
         top = int(q.argmax())
@@ -401,8 +404,8 @@ def _slot_against_definition(q: Any, logits: Any, temperature: float, truncated:
 
 @invariant(
     "VER-9",
-    "Where a drafter reports the logits its proposal came from, every drafted slot's draft_probs is their "
-    "distribution under the request's sampling settings: softmax(logits / T) (one-hot argmax when greedy), restricted "
+    "Where a drafter reports the logits its proposal came from, every drafted slot's draft_probs that is a "
+    "distribution (VER-6) is their distribution under the request's sampling settings: softmax(logits / T) (one-hot argmax when greedy), restricted "
     "to the most likely tokens and renormalised under top-k / top-p.",
     tag=Tag.D,
     subject=Subject.PROPOSAL,

@@ -347,3 +347,11 @@ def test_a_residual_of_another_slots_q_is_ver_10() -> None:
     dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual / residual.sum(-1, keepdim=True), rec.target)
     bad = dataclasses.replace(out, recovery=dataclasses.replace(rec, proposal=q, distribution=dist))
     assert violated(Subject.VERIFIER, dataclasses.replace(facts, verifier_output=bad), StepKind.VERIFY) == "VER-10"
+
+
+def test_a_proposal_that_is_not_a_distribution_is_left_to_ver_6() -> None:
+    """Top-k cut without renormalising breaks the definition too, but VER-6 names the more specific cause."""
+    logits = torch.randn((1, 1, 20), generator=torch.Generator().manual_seed(5))
+    params = [SamplingParams(temperature=1.0, top_k=3)]
+    unnormalised = torch.where(defined(logits, params) > 0, logits.softmax(-1), 0.0)
+    assert violated(Subject.PROPOSAL, proposal_from(unnormalised, logits, params), DECODE) is None
