@@ -9,10 +9,13 @@ and a multinomial draw over the vocabulary cost about 1 ms a row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from contracts import ProposalSourceEvidence
 from specdec.sampling import SamplingParams, probabilities, sample
 
 
@@ -31,3 +34,16 @@ def draw_drafts(
         return best, torch.nn.functional.one_hot(best, logits.shape[-1]).to(torch.float32)
     probs = probabilities(logits, params)
     return sample(probs, generator), probs
+
+
+def proposal_source(
+    logits: Float[Tensor, "rows k vocab"], num_drafts: Sequence[int], params: Sequence[SamplingParams]
+) -> ProposalSourceEvidence:
+    """What a drafter reports so that VER-9 can recompute its proposal: the logits and each row's settings."""
+    return ProposalSourceEvidence(
+        logits=logits,
+        num_drafts=tuple(num_drafts),
+        temperature=tuple(p.temperature for p in params),
+        top_k=tuple(p.top_k for p in params),
+        top_p=tuple(p.top_p for p in params),
+    )

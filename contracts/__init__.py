@@ -7,17 +7,31 @@ invariant so that the catalog is complete.
 from contracts import invariants as _invariants  # noqa: F401  (registers the catalog)
 from contracts.descriptor import BatchExecutionDescriptor, CUDAGraphMode, DPSyncState
 from contracts.enforcement import ENV_VAR, Mode, check, current_mode, enforce, set_mode
-from contracts.evidence import BlockEvidence, CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
+from contracts.evidence import (
+    BlockEvidence,
+    CapacityEvidence,
+    ConfidenceEvidence,
+    MarkovChainEvidence,
+    ProposalSourceEvidence,
+)
 from contracts.facts import (
     BatchFacts,
     CacheFacts,
     DescriptorFacts,
     DPFacts,
+    ForwardOutputFacts,
     ProposalCountFacts,
     ProposalFacts,
     VerifierFacts,
 )
-from contracts.metadata import PAD_SLOT_ID, REJECTED_TOKEN_ID, AttentionMetadata, VerifierInput, VerifierOutput
+from contracts.metadata import (
+    PAD_SLOT_ID,
+    REJECTED_TOKEN_ID,
+    AttentionMetadata,
+    RecoveryEvidence,
+    VerifierInput,
+    VerifierOutput,
+)
 from contracts.registry import REGISTRY, Invariant, StepKind, Subject, Tag, all_invariants
 from contracts.violation import ContractViolation
 
@@ -38,11 +52,14 @@ __all__ = [
     "DPFacts",
     "DPSyncState",
     "DescriptorFacts",
+    "ForwardOutputFacts",
     "Invariant",
     "MarkovChainEvidence",
     "Mode",
     "ProposalCountFacts",
     "ProposalFacts",
+    "ProposalSourceEvidence",
+    "RecoveryEvidence",
     "StepKind",
     "Subject",
     "Tag",

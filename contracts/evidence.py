@@ -34,9 +34,16 @@ class MarkovChainEvidence:
 
 @dataclass(frozen=True, eq=False)
 class ConfidenceEvidence:
-    """The drafter's estimate that draft ``j`` and every draft before it are accepted: never increasing in ``j``."""
+    """The drafter's estimate that draft ``j`` and every draft before it are accepted: never increasing in ``j``.
+
+    A drafter that scores each draft given the ones before it also reports those
+    per-draft ``confidence`` values; ``survival[r, j]`` is then by definition their
+    running product ``confidence[r, 0] * ... * confidence[r, j]``, and BLK-8
+    checks that definition, not only that survival never increases.
+    """
 
     survival: Float[Tensor, "num_drafting num_spec_tokens"]
+    confidence: Float[Tensor, "num_drafting num_spec_tokens"] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +55,24 @@ class CapacityEvidence:
     """True for the slots proposed; row ``r`` must be ``capacity[r]`` Trues followed by Falses."""
     draft_probs: Float[Tensor, "num_drafting num_spec_tokens vocab"] | None = None
     """The proposal handed to the verifier for the drafting rows only (None: argmax drafts, one-hot)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ProposalSourceEvidence:
+    """The logits a drafter made each proposal slot from, with the sampling settings it applied (VER-9).
+
+    ``logits[r, j]`` are the drafter's logits for slot ``j`` of row ``r``;
+    ``num_drafts[r]`` slots of row ``r`` are drafted from them. The settings are
+    each row's request's: ``temperature`` (0 = greedy), ``top_k`` and ``top_p``
+    (None = off). A drafter reports this only when it is checked in ``full``
+    mode (``contracts.current_mode()``): it costs one more (rows, K, vocab) tensor.
+    """
+
+    logits: Float[Tensor, "rows num_spec_tokens vocab"]
+    num_drafts: tuple[int, ...]
+    temperature: tuple[float, ...]
+    top_k: tuple[int | None, ...]
+    top_p: tuple[float | None, ...]
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,7 +14,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from contracts.descriptor import BatchExecutionDescriptor, DPSyncState
-from contracts.evidence import CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence
+from contracts.evidence import CapacityEvidence, ConfidenceEvidence, MarkovChainEvidence, ProposalSourceEvidence
 from contracts.metadata import AttentionMetadata, VerifierInput, VerifierOutput
 
 
@@ -75,6 +75,18 @@ class BatchFacts:
 
 
 @dataclass(frozen=True, eq=False)
+class ForwardOutputFacts:
+    """What a draft forward returned, checked before the drafter samples from it.
+
+    Rows follow the forward's model rows; the first ``num_tokens`` are the real
+    tokens (a padded row's values are garbage by design and never sampled).
+    """
+
+    num_tokens: int
+    logits: Float[Tensor, "rows vocab"]
+
+
+@dataclass(frozen=True, eq=False)
 class ProposalFacts:
     """What a drafter returns for one step, before the verifier sees it.
 
@@ -92,6 +104,8 @@ class ProposalFacts:
     confidence: ConfidenceEvidence | None = None
     capacity: CapacityEvidence | None = None
     draft_probs: Float[Tensor, "prob_rows num_spec_tokens vocab"] | None = None
+    source: ProposalSourceEvidence | None = None
+    """The logits and sampling settings ``draft_probs`` was made from, where the drafter reports them (VER-9)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -72,8 +72,28 @@ class VerifierInput:
 
 
 @dataclass(frozen=True, eq=False)
+class RecoveryEvidence:
+    """What each sampled request's recovered (or bonus) token was drawn from, and the two distributions behind it.
+
+    Row ``i`` is request ``rows[i]``, stopped at slot ``position[i]`` (its
+    accepted drafts): ``target`` is p there and ``proposal`` the q of the
+    rejected draft (all zero at the bonus, or where the slot had no usable
+    draft). By definition ``distribution`` is max(0, p - q) normalised, or p
+    itself where that residual has no mass (VER-10).
+    """
+
+    rows: Int[Tensor, " n"]
+    position: Int[Tensor, " n"]
+    target: Float[Tensor, "n vocab"]
+    proposal: Float[Tensor, "n vocab"]
+    distribution: Float[Tensor, "n vocab"]
+
+
+@dataclass(frozen=True, eq=False)
 class VerifierOutput:
     """Accepted tokens per request; entries past ``num_accepted + 1`` hold ``REJECTED_TOKEN_ID``."""
 
     output_token_ids: Int[Tensor, "num_reqs max_draft_plus_one"]
     num_accepted: Int[Tensor, " num_reqs"]
+    recovery: RecoveryEvidence | None = None
+    """The sampled requests' recovered-token distributions, for VER-10 (None when every request is greedy)."""

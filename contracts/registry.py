@@ -49,6 +49,7 @@ class Subject(enum.Enum):
     DESCRIPTOR = "descriptor"
     DP = "dp"
     BATCH = "batch"
+    FORWARD_OUTPUT = "forward_output"
     PROPOSAL = "proposal"
     VERIFIER = "verifier"
     CACHE = "cache"

@@ -10,6 +10,7 @@ skip the contracts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,11 @@ from contracts import (
     BlockEvidence,
     ContractViolation,
     DPSyncState,
+    ForwardOutputFacts,
     Mode,
     ProposalCountFacts,
     ProposalFacts,
+    ProposalSourceEvidence,
     StepKind,
     Subject,
     check,
@@ -111,6 +114,8 @@ class Proposal:
     draft_probs: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     sampled_from: Float[Tensor, "num_reqs num_spec_tokens vocab"] | None = None
     evidence: BlockEvidence | None = None
+    source: ProposalSourceEvidence | None = None
+    """The logits ``draft_probs`` was made from and each row's sampling settings (VER-9 recomputes it in ``full``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,6 +262,9 @@ class DraftContext:
     def check_batch(self, step_kind: StepKind, facts: BatchFacts) -> None:
         """Check ``facts`` against every invariant of ``step_kind``, a draft kind this drafter declared."""
         kind = forward_step_kind(self.backend, step_kind, self.step_kinds)
+        if facts.dp_size is None:
+            # The engine knows the DP size, so the checks that read it (AR-4, BLK-2) need not trust the drafter for it.
+            facts = dataclasses.replace(facts, dp_size=self.dp_group.size if self.dp_group is not None else 1)
         check(Subject.BATCH, facts, step_kind=kind, component="draft forward", backend=self.backend)
 
     def forward(
@@ -275,7 +283,7 @@ class DraftContext:
         """
         self.check_batch(step_kind, facts)
         across = num_tokens_across_dp if self.dp_group is not None else None
-        return model(
+        out = model(
             facts.input_ids,
             facts.positions,
             facts.meta,
@@ -284,6 +292,15 @@ class DraftContext:
             dp_group=self.dp_group,
             num_tokens_across_dp=across,
         )
+        # Before the drafter samples: non-finite logits are named here (VER-8), not by a failure inside sampling.
+        check(
+            Subject.FORWARD_OUTPUT,
+            ForwardOutputFacts(num_tokens=facts.num_tokens, logits=out.logits),
+            step_kind=step_kind,
+            component="draft forward output",
+            backend=self.backend,
+        )
+        return out
 
 
 class MalformedProposalError(ValueError):
@@ -355,6 +372,7 @@ def proposal_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -
             num_spec_tokens=num_spec_tokens,
             draft_token_ids=proposal.draft_token_ids,
             draft_probs=proposal.draft_probs,
+            source=proposal.source,
         )
     return ProposalFacts(
         desc=ev.desc,
@@ -367,4 +385,5 @@ def proposal_facts(proposal: Proposal, step: TargetStep, num_spec_tokens: int) -
         capacity=ev.capacity,
         # A drafter with capacities hands over its drafting rows' proposal, matching the other per-request evidence.
         draft_probs=ev.capacity.draft_probs if ev.capacity is not None else proposal.draft_probs,
+        source=proposal.source,
     )

@@ -25,6 +25,7 @@ naming the request. A proposal that does not sum to 1 is only seen by VER-6.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -32,7 +33,15 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 import contracts
-from contracts import REJECTED_TOKEN_ID, StepKind, Subject, VerifierFacts, VerifierInput, VerifierOutput
+from contracts import (
+    REJECTED_TOKEN_ID,
+    RecoveryEvidence,
+    StepKind,
+    Subject,
+    VerifierFacts,
+    VerifierInput,
+    VerifierOutput,
+)
 from contracts.enforcement import host_violation
 from specdec.sampling import SamplingParams, probabilities, sample
 
@@ -137,6 +146,7 @@ def verify(
 
     num_accepted = torch.zeros(num_reqs, dtype=torch.long, device=device)
     recovered = torch.zeros(num_reqs, dtype=torch.long, device=device)
+    recovery = None
     # amax is NaN with any NaN, +inf with any +inf, -inf only when every entry is: finite iff a token can be drawn.
     finite_rows = logits.amax(dim=-1).isfinite()
     drawable = finite_rows[row_index].all(dim=1)
@@ -151,9 +161,10 @@ def verify(
         # Rows no token can be drawn from become uniform, so sampling runs; their requests emit nothing below.
         target_probs = torch.where(finite_rows[:, None], target_probs, 1.0 / vocab)
         draft_probs = None if inp.draft_probs is None else inp.draft_probs[s]
-        num_accepted[s], recovered[s] = _verify_sampled(
+        num_accepted[s], recovered[s], recovery = _verify_sampled(
             target_probs[row_index[s]], safe_drafts[s], valid[s], draft_probs, generator
         )
+        recovery = dataclasses.replace(recovery, rows=s)
     num_accepted = torch.where(drawable, num_accepted, 0)
     recovered = torch.where(drawable, recovered, REJECTED_TOKEN_ID)
 
@@ -164,7 +175,7 @@ def verify(
         padded_drafts,
         torch.where(positions[None, :] == accepted, recovered[:, None], REJECTED_TOKEN_ID),
     )
-    out = VerifierOutput(output_token_ids=output_token_ids, num_accepted=num_accepted)
+    out = VerifierOutput(output_token_ids=output_token_ids, num_accepted=num_accepted, recovery=recovery)
     facts = VerifierFacts(num_reqs, num_spec_tokens, num_draft_tokens, inp, out, sampled_from)
     contracts.check(Subject.VERIFIER, facts, step_kind=StepKind.VERIFY, component=component)
     return out
@@ -223,8 +234,12 @@ def _verify_sampled(
     valid: Bool[Tensor, "n k"],
     draft_probs: Float[Tensor, "n k vocab"] | None,
     generator: torch.Generator | None,
-) -> tuple[Int[Tensor, " n"], Int[Tensor, " n"]]:
-    """Rejection sampling; ``drafts`` are in-vocabulary everywhere (invalid slots hold 0, masked by ``valid``)."""
+) -> tuple[Int[Tensor, " n"], Int[Tensor, " n"], RecoveryEvidence]:
+    """Rejection sampling; ``drafts`` are in-vocabulary everywhere (invalid slots hold 0, masked by ``valid``).
+
+    Returns the accepted counts, the recovered tokens and what they were drawn
+    from (``rows`` is local here; ``verify`` maps it to the batch's requests).
+    """
     n, k = drafts.shape
     vocab = p.shape[-1]
     if draft_probs is None:
@@ -256,4 +271,4 @@ def _verify_sampled(
     # An all-zero residual means p <= q everywhere, i.e. p == q up to rounding, where a
     # rejection has probability ~0; fall back to p rather than divide by zero.
     dist = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p_at)
-    return num_accepted, sample(dist, generator)
+    return num_accepted, sample(dist, generator), RecoveryEvidence(rows, num_accepted, p_at, q_at, dist)

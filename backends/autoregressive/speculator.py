@@ -16,11 +16,13 @@ from torch import Tensor
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
-from backends.draw import draw_drafts
+from backends.draw import draw_drafts, proposal_source
 from contracts import (
     REJECTED_TOKEN_ID,
     BatchFacts,
+    Mode,
     StepKind,
+    current_mode,
 )
 from specdec.attn_metadata import ScheduledRequest, build_target_metadata
 from specdec.dp_sync import pad_model_rows_for_dp
@@ -77,6 +79,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         device = prefill.logits.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
         probs = torch.zeros((step.num_reqs, k, vocab), device=device)
+        # The logits each slot was drawn from, kept only where VER-9 will read them (full mode).
+        source = torch.zeros_like(probs) if current_mode() is Mode.FULL and not self.argmax_drafts else None
         params = [step.params[r] for r in drafting]
 
         rows = torch.tensor([step.last_valid[r] for r in drafting], dtype=torch.int64, device=device)
@@ -84,6 +88,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             first, first_probs = self._draw(prefill.logits[rows], params)
             tokens[drafting, 0] = first
             probs[drafting, 0] = first_probs
+            if source is not None:
+                source[drafting, 0] = prefill.logits[rows].float()
             features: Tensor | None = prefill.hidden_states[rows]
             decode_steps, column_offset = k - 1, 1
         else:
@@ -91,13 +97,17 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             features, decode_steps, column_offset = None, k, 0
 
         if decode_steps:
-            self._decode(step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs)
+            self._decode(
+                step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs, source
+            )
         all_greedy = self.argmax_drafts or all(step.params[r].greedy for r in drafting)
+        num_drafts = tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs))
         return Proposal(
             draft_token_ids=tokens,
-            num_drafts=tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs)),
+            num_drafts=num_drafts,
             draft_probs=None if all_greedy else probs,
             sampled_from=None if all_greedy else probs,
+            source=None if all_greedy or source is None else proposal_source(source, num_drafts, step.params),
         )
 
     def _prefill(self, step: TargetStep, ctx: DraftContext) -> DraftOutput:
@@ -152,6 +162,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         params: list[SamplingParams],
         tokens: Tensor,
         probs: Tensor,
+        source: Tensor | None = None,
     ) -> None:
         """Draft decode steps 1..num_steps: exactly one query per drafting request (AR-3..AR-8)."""
         m = len(drafting)
@@ -195,6 +206,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
                 column = k - 1 + column_offset
                 tokens[drafting, column] = drawn
                 probs[drafting, column] = drawn_probs
+                if source is not None:
+                    source[drafting, column] = out.logits[:m].float()
                 ids = drawn
                 feats = out.hidden_states[:m] if feats is not None else None
 

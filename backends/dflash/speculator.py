@@ -20,7 +20,7 @@ from torch import Tensor
 from backends.common import DraftCacheOwner
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
-from backends.draw import draw_drafts
+from backends.draw import draw_drafts, proposal_source
 from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
@@ -28,7 +28,9 @@ from contracts import (
     BatchExecutionDescriptor,
     BatchFacts,
     BlockEvidence,
+    Mode,
     StepKind,
+    current_mode,
 )
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import pad_model_rows_for_dp
@@ -146,16 +148,22 @@ class DFlashSpeculator(DraftCacheOwner):
         drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
         tokens[drafting] = drawn.view(m, k)
         all_greedy = self.argmax_drafts or all(p.greedy for p in params)
-        probs = None
+        probs = source = None
+        num_drafts = tuple(k if d else 0 for d in step.drafting)
         if not all_greedy:
             probs = torch.zeros((step.num_reqs, k, vocab), device=device)
             probs[drafting] = drawn_probs.view(m, k, vocab)
+            if current_mode() is Mode.FULL:  # the logits behind each slot, for VER-9 to recompute the proposal
+                logits = torch.zeros_like(probs)
+                logits[drafting] = out.logits[sample_rows].float().view(m, k, vocab)
+                source = proposal_source(logits, num_drafts, step.params)
         return Proposal(
             draft_token_ids=tokens,
-            num_drafts=tuple(k if d else 0 for d in step.drafting),
+            num_drafts=num_drafts,
             draft_probs=probs,
             sampled_from=probs,
             evidence=BlockEvidence(desc=desc, num_drafting=m, sample_indices=sample_rows),
+            source=source,
         )
 
     def _block_forward(

@@ -93,7 +93,8 @@ class DSparkSpeculator(DFlashSpeculator):
         # Explicit sizes: a rank with no drafting request (m = 0) still runs the block forward for its DP peers.
         backbone = out.logits[sample_rows].view(m, k, out.logits.shape[-1])
         hidden = out.hidden_states[sample_rows].view(m, k, out.hidden_states.shape[-1])
-        drawn, prev, probs, survival = self._markov_loop(backbone, hidden, anchors, params)
+        drawn, prev, probs, confidence = self._markov_loop(backbone, hidden, anchors, params)
+        survival = self._survival(confidence)
 
         if self.capacity == "budget" and self.measure_cost:
             self._refit_cost(ctx)
@@ -122,7 +123,7 @@ class DSparkSpeculator(DFlashSpeculator):
                 num_drafting=m,
                 sample_indices=sample_rows,
                 markov=MarkovChainEvidence(anchor_token_ids=anchors, prev_token_ids=prev),
-                confidence=ConfidenceEvidence(survival=survival),
+                confidence=ConfidenceEvidence(survival=survival, confidence=confidence),
                 # The drafting rows only, so every per-request part has the same num_drafting (= m) rows.
                 capacity=CapacityEvidence(capacity=capacity, prefix_mask=mask, draft_probs=handed),
             ),
@@ -135,7 +136,7 @@ class DSparkSpeculator(DFlashSpeculator):
         anchors: Int[Tensor, " m"],
         params: list[SamplingParams],
     ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"], Float[Tensor, "m k"]]:
-        """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, survival."""
+        """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, confidences."""
         m, k, vocab = backbone.shape
         drawn = torch.empty((m, k), dtype=torch.int64, device=backbone.device)
         prevs = torch.empty_like(drawn)
@@ -148,7 +149,11 @@ class DSparkSpeculator(DFlashSpeculator):
             x, p = self._markov_step(backbone[:, j], prev, params)
             drawn[:, j], probs[:, j] = x, p
             prev = x
-        return drawn, prevs, probs, torch.cumprod(conf, dim=1)
+        return drawn, prevs, probs, conf
+
+    def _survival(self, confidence: Float[Tensor, "m k"]) -> Float[Tensor, "m k"]:
+        """a_k = c_1 · ... · c_k: the chance that draft k and every draft before it are accepted (BLK-8)."""
+        return torch.cumprod(confidence, dim=1)
 
     def _verifier_proposal(
         self, corrected: Float[Tensor, "m k vocab"], backbone: Float[Tensor, "m k vocab"], params: list[SamplingParams]

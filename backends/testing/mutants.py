@@ -461,3 +461,124 @@ MUTANTS: tuple[Mutant, ...] = (
         lambda: wrapped(AutoregressiveSpeculator, "propose", _proposal_mutant(_drafts_for_every_request)),
     ),
 )
+
+
+# -- one metadata standard, definitions, the drafter's own sampling (IN-1, PAD-2, VER-8, VER-9, BLK-8) ----------------
+
+
+def _positions_as_float(real: Any) -> Any:
+    """Padded per-row helpers that build float tensors (``torch.zeros`` without a dtype): decode positions are floats."""
+
+    def pad(values: Any, rows: int, *args: Any) -> Tensor:
+        out: Tensor = real(values, rows, *args)
+        return out.float()
+
+    return pad
+
+
+def _decode_padded_seq_lens_one(real: Any) -> Any:
+    """AR draft decode metadata gives padded requests ``seq_len`` 1, as if each held a dummy token of context."""
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        meta = real(*args, **kwargs)
+        if meta.num_reqs_padded <= meta.num_reqs:
+            return meta
+        changed = {}
+        for name in ("seq_lens", "seq_lens_cpu"):
+            seq = getattr(meta, name)
+            if seq is not None:
+                seq = seq.clone()
+                seq[meta.num_reqs :] = 1
+                changed[name] = seq
+        return dataclasses.replace(meta, **changed)
+
+    return build
+
+
+def _draw_ignores_temperature(real: Any) -> Any:
+    """Drafts drawn at temperature 1 whatever the request asked (top-k / top-p kept), and that proposal reported.
+
+    The drafter reports the distribution it really drew from as both
+    ``draft_probs`` and ``sampled_from``, so VER-3, VER-6 and VER-7 all hold and
+    the output stays lossless; only the definition of the proposal (VER-9) shows it.
+    """
+
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+        at_one = [p if p.greedy else p.model_copy(update={"temperature": 1.0}) for p in params]
+        return real(self, logits, at_one)
+
+    return draw
+
+
+def _nan_in_head_norm(real: Any) -> Any:
+    """One entry of the EAGLE head's final norm weight is NaN (a corrupt checkpoint, an uninitialised parameter)."""
+
+    def bind(self: Any, target: Any, ctx: Any) -> None:
+        real(self, target, ctx)
+        norm = self.network.norm
+        weight = norm.weight.detach().clone()  # a new tensor: no other model shares the NaN
+        weight[0] = float("nan")
+        norm.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    return bind
+
+
+def _survival_shifted(real: Any) -> Any:
+    """Survival a_k computed as the product of the confidences strictly before draft k (a_1 = 1): one slot late.
+
+    Still in [0, 1] and never increasing, so only the definition catches it; the
+    capacities it picks are one draft too long.
+    """
+
+    def survival(self: Any, confidence: Tensor) -> Tensor:
+        full: Tensor = real(self, confidence)
+        return torch.cat([torch.ones_like(full[:, :1]), full[:, :-1]], dim=1)
+
+    return survival
+
+
+DEFINITION_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "eagle-decode-positions-float",
+        "EAGLE's padded per-row helper builds float tensors: draft decode positions reach the model as floats",
+        "eagle",
+        "dp",
+        "IN-1",
+        lambda: wrapped(backends.autoregressive.speculator, "padded_rows", _positions_as_float),
+    ),
+    Mutant(
+        "eagle-decode-padded-seq-lens",
+        "AR draft decode metadata gives padded requests seq_len 1 instead of 0 (the target's rule, broken by a drafter)",
+        "eagle",
+        "graph",
+        "PAD-2",
+        lambda: wrapped(backends.autoregressive.speculator, "build_decode_metadata", _decode_padded_seq_lens_one),
+    ),
+    Mutant(
+        "eagle-draft-ignores-temperature",
+        "EAGLE draws its drafts at temperature 1 whatever the request asked, and reports that proposal",
+        "eagle",
+        "sampling",
+        "VER-9",
+        lambda: wrapped(AutoregressiveSpeculator, "_draw", _draw_ignores_temperature),
+    ),
+    Mutant(
+        "eagle-draft-weight-nan",
+        "a NaN in one weight of the EAGLE head (its final norm): every draft logit row is NaN",
+        "eagle",
+        "sampling",
+        "VER-8",
+        lambda: wrapped(AutoregressiveSpeculator, "bind", _nan_in_head_norm),
+    ),
+    Mutant(
+        "dspark-survival-shifted",
+        "DSpark's survival of draft k is the product of the confidences before it, missing its own (one slot late)",
+        "dspark",
+        "dp",
+        "BLK-8",
+        lambda: wrapped(DSparkSpeculator, "_survival", _survival_shifted),
+    ),
+)
+"""This block's mutants, kept apart from the others so that corpora added alongside merge cleanly."""
+
+MUTANTS = MUTANTS + DEFINITION_MUTANTS

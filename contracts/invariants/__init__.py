@@ -7,6 +7,7 @@ from contracts.invariants import (  # noqa: F401
     dp,
     inputs,
     kv,
+    padded_requests,
     proposal,
     target,
     verifier,

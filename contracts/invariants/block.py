@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from contracts.facts import BatchFacts, ProposalFacts
 
 BLOCK = {StepKind.DRAFT_BLOCK}
+SURVIVAL_ATOL = 1e-5
+"""Largest gap between a reported survival and the product of its confidences (float32 rounding over K factors)."""
 DP_PAD_LEAK = (
     "DP padding leaked into block-drafter attention metadata: the attention token count was built from "
     "desc.num_tokens outside FULL mode instead of num_reqs * q"
@@ -221,11 +223,14 @@ def blk_7(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "BLK-8",
-    "Drafter evidence holds: a Markov chain starts at the anchor, capacities lie in [0, N] and form a prefix, survival never increases.",
+    "Drafter evidence holds: a Markov chain starts at the anchor, capacities lie in [0, N] and form a prefix, survival "
+    "lies in [0, 1] and never increases, and where per-draft confidences are reported survival is their running "
+    f"product (within {SURVIVAL_ATOL}).",
     tag=Tag.D,
     subject=Subject.PROPOSAL,
     step_kinds=BLOCK,
-    likely_cause="Markov chain seeded with the wrong token, or capacity selection produced a non-prefix mask",
+    likely_cause="Markov chain seeded with the wrong token, capacity selection produced a non-prefix mask, or the "
+    "survival was not the product of the confidences up to its draft (shifted by one slot, or the last factor missed)",
 )
 def blk_8(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
     """Runs on whichever capability evidence the proposal carries (``contracts.evidence``), for any backend."""
@@ -261,6 +266,29 @@ def _capacity_is_prefix(evidence: CapacityEvidence, n: int, reader: ValueReader)
 
 def _survival_never_increases(evidence: ConfidenceEvidence, reader: ValueReader) -> Observed | None:
     surv = reader.device(evidence.survival)
-    if surv is not None and any(b > a + 1e-6 for row in surv for a, b in itertools.pairwise(row)):
-        return {"survival": surv}
+    if surv is None:
+        return None
+    if any(not 0.0 <= a <= 1.0 for row in surv for a in row):
+        return {"survival": surv, "problem": "a survival probability outside [0, 1] (NaN included)"}
+    if any(b > a + SURVIVAL_ATOL for row in surv for a, b in itertools.pairwise(row)):
+        return {"survival": surv, "problem": "survival increases along the drafts"}
+    if evidence.confidence is None:
+        return None
+    conf = evidence.confidence
+    if tuple(conf.shape) != tuple(evidence.survival.shape):
+        return {"confidence shape": tuple(conf.shape), "survival shape": tuple(evidence.survival.shape)}
+    # The definition, computed here from the reported factors in float64 (one small (m, K) tensor).
+    product = reader.device(conf.double().cumprod(dim=-1))
+    if product is None:
+        return None
+    off = [(r, j) for r, row in enumerate(surv) for j, a in enumerate(row) if abs(a - product[r][j]) > SURVIVAL_ATOL]
+    if off:
+        r = off[0][0]
+        return {
+            "(request, draft)": off[:8],
+            "count": len(off),
+            f"survival[{r}]": surv[r],
+            f"running product of confidence[{r}]": [round(x, 6) for x in product[r]],
+            "problem": "survival is not the product of the confidences up to its draft",
+        }
     return None

@@ -69,20 +69,30 @@ def kv_2(facts: CacheFacts, _: ValueReader) -> Observed | None:
 
 @invariant(
     "KV-3",
-    "A draft prefill or decode forward writes no KV from a padded model row: slot_mapping past the real tokens is PAD_SLOT_ID (block steps: BLK-6).",
-    tag=Tag.D,
+    "Every forward, target or draft, has a slot_mapping of desc.num_tokens entries and writes no KV from a padded "
+    "model row: entries past the real tokens are PAD_SLOT_ID (a block step's real rows: BLK-6).",
+    tag=Tag.SD,
     subject=Subject.BATCH,
-    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE},
-    likely_cause="a padded (CUDA graph or DP) row of a draft forward was given a live slot of the draft cache, "
-    "so its garbage K/V overwrites a real request's context",
+    step_kinds={StepKind.TARGET, StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    likely_cause="a padded (CUDA graph or DP) row was given a live slot (repeating the last real slot, or the first "
+    "request's), so its garbage K/V overwrites a real request's context; or the slot mapping was sized for the real "
+    "tokens only",
 )
 def kv_3(facts: BatchFacts, reader: ValueReader) -> Observed | None:
-    slots = reader.device(facts.meta.slot_mapping)
+    mapping = facts.meta.slot_mapping
+    if mapping.dim() != 1 or mapping.shape[0] != facts.desc.num_tokens:
+        return {"slot_mapping shape": tuple(mapping.shape), "desc.num_tokens": facts.desc.num_tokens}
+    slots = reader.device(mapping)
     if slots is None:
         return None
     live = [(row, s) for row, s in enumerate(slots) if row >= facts.num_tokens and s != PAD_SLOT_ID]
     if live:
-        return {"real tokens": facts.num_tokens, "(padded row, slot) written": live, "slot_mapping": slots}
+        return {
+            "real tokens": facts.num_tokens,
+            "(padded row, slot) written": live[:8],
+            "count": len(live),
+            "slot_mapping": slots[:64],
+        }
     return None
 
 

@@ -1,11 +1,16 @@
-"""TGT-*: the target model's padded batch and its attention metadata."""
+"""TGT-*: the target model's padded batch and its attention metadata.
+
+The padded-request rules every forward shares (zero-length queries, seq_len 0, the block
+table's rows, PAD slots) are PAD-1..PAD-3 and KV-3; TGT-2, TGT-3 and TGT-5 were those rules for
+the target alone and are retired, their IDs unused.
+"""
 
 from __future__ import annotations
 
 import itertools
 from typing import TYPE_CHECKING
 
-from contracts.metadata import PAD_SLOT_ID
+from contracts.invariants.padded_requests import read_mirrored
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
@@ -33,122 +38,26 @@ def tgt_1(facts: BatchFacts, _: ValueReader) -> Observed | None:
     return None
 
 
-def query_start_loc_problem(qsl: list[int], num_reqs: int, num_tokens: int) -> str | None:
-    """Why ``qsl`` is not a valid padded prefix sum (padded requests empty), or None."""
-    if not qsl or qsl[0] != 0:
-        return "does not start at 0"
-    if any(b < a for a, b in itertools.pairwise(qsl)):
-        return "decreases (a padded entry of -1?)"
-    if any(v != num_tokens for v in qsl[num_reqs:]):
-        return f"entries from num_reqs on must all equal the real token count {num_tokens}"
-    return None
-
-
-def read_mirrored(reader: ValueReader, device_tensor: object, host_mirror: object) -> tuple[list[int] | None, bool]:
-    """Values of a tensor with an optional host mirror, and whether the two disagree.
-
-    The mirror is read first (free in every mode); in ``full`` the device tensor
-    is read too, so a builder whose mirror is right but whose device copy is not
-    cannot hide behind the mirror.
-    """
-    host = reader.host(host_mirror)
-    dev = reader.device(device_tensor)
-    if host is not None and dev is not None and host != dev:
-        return dev, True
-    return (host if host is not None else dev), False
-
-
-@invariant(
-    "TGT-2",
-    "query_start_loc has num_reqs_padded + 1 entries, starts at 0, never decreases, and its tail equals the real token count.",
-    tag=Tag.SH,
-    subject=Subject.BATCH,
-    step_kinds=TARGET,
-    likely_cause="padded requests were given -1 or non-empty query ranges",
-)
-def tgt_2(facts: BatchFacts, reader: ValueReader) -> Observed | None:
-    meta = facts.meta
-    rows = facts.desc.num_reqs_padded(facts.num_reqs)
-    if meta.num_reqs_padded != rows or meta.query_start_loc.shape[0] != rows + 1:
-        return {
-            "num_reqs_padded": rows,
-            "meta.num_reqs_padded": meta.num_reqs_padded,
-            "len(query_start_loc)": meta.query_start_loc.shape[0],
-        }
-    qsl, split = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
-    if split:
-        return {
-            "query_start_loc": qsl,
-            "query_start_loc_cpu": reader.host(meta.query_start_loc_cpu),
-            "problem": "device tensor and host mirror differ",
-        }
-    if qsl is not None:
-        problem = query_start_loc_problem(qsl, facts.num_reqs, facts.num_tokens)
-        if problem is not None:
-            return {"query_start_loc": qsl, "problem": problem}
-    return None
-
-
-@invariant(
-    "TGT-3",
-    "seq_lens has num_reqs_padded entries, 0 for padded requests, and seq_len >= query_len for real ones.",
-    tag=Tag.SD,
-    subject=Subject.BATCH,
-    step_kinds=TARGET,
-    likely_cause="padded requests were given a context length, or the new tokens were not counted",
-)
-def tgt_3(facts: BatchFacts, reader: ValueReader) -> Observed | None:
-    meta = facts.meta
-    rows = facts.desc.num_reqs_padded(facts.num_reqs)
-    if meta.seq_lens.shape[0] != rows:
-        return {"len(seq_lens)": meta.seq_lens.shape[0], "num_reqs_padded": rows}
-    seq, split = read_mirrored(reader, meta.seq_lens, meta.seq_lens_cpu)
-    if split:
-        return {
-            "seq_lens": seq,
-            "seq_lens_cpu": reader.host(meta.seq_lens_cpu),
-            "problem": "device tensor and host mirror differ",
-        }
-    qsl, _ = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
-    if seq is None or qsl is None:
-        return None
-    if len(seq) != rows or len(qsl) != rows + 1:
-        return {
-            "seq_lens": seq,
-            "query_start_loc": qsl,
-            "num_reqs_padded": rows,
-            "problem": "a host mirror is sized wrongly",
-        }
-    n = facts.num_reqs
-    if any(s != 0 for s in seq[n:]):
-        return {"seq_lens": seq, "problem": "padded requests must have seq_len 0"}
-    short = [r for r in range(n) if seq[r] < qsl[r + 1] - qsl[r]]
-    if short:
-        return {"seq_lens": seq, "query_start_loc": qsl, "requests with seq_len < query_len": short}
-    return None
-
-
 @invariant(
     "TGT-4",
-    "slot_mapping has desc.num_tokens entries, PAD_SLOT_ID past the real tokens, and real slots unique and inside their request's blocks.",
-    tag=Tag.SD,
+    "Real target slots are unique, non-negative and inside their request's blocks (padded rows: KV-3).",
+    tag=Tag.D,
     subject=Subject.BATCH,
     step_kinds=TARGET,
-    likely_cause="padded rows would write KV into live blocks, or slots were computed from the wrong block table row",
+    likely_cause="slots were computed from the wrong block table row, or two tokens were given one slot",
 )
 def tgt_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
     meta = facts.meta
-    if meta.slot_mapping.shape[0] != facts.desc.num_tokens:
-        return {"len(slot_mapping)": meta.slot_mapping.shape[0], "desc.num_tokens": facts.desc.num_tokens}
     slots = reader.device(meta.slot_mapping)
     if slots is None:
         return None
-    n = facts.num_tokens
-    if any(s != PAD_SLOT_ID for s in slots[n:]):
-        return {"slot_mapping": slots, "real tokens": n, "problem": "padded rows must hold PAD_SLOT_ID (-1)"}
-    real = slots[:n]
+    real = slots[: facts.num_tokens]
     if len(set(real)) != len(real) or any(s < 0 for s in real):
-        return {"slot_mapping": slots, "problem": "real slots must be unique and non-negative"}
+        return {
+            "slot_mapping": slots,
+            "real tokens": facts.num_tokens,
+            "problem": "real slots must be unique and non-negative",
+        }
     if facts.block_size is None:
         return None
     qsl, _ = read_mirrored(reader, meta.query_start_loc, meta.query_start_loc_cpu)
@@ -162,20 +71,6 @@ def tgt_4(facts: BatchFacts, reader: ValueReader) -> Observed | None:
         outside = [s for s in real[qsl[r] : qsl[r + 1]] if s // facts.block_size not in owned]
         if outside:
             return {"request": r, "slots outside its blocks": outside, "block_table row": table[r]}
-    return None
-
-
-@invariant(
-    "TGT-5",
-    "block_table has num_reqs_padded rows.",
-    tag=Tag.S,
-    subject=Subject.BATCH,
-    step_kinds=TARGET,
-)
-def tgt_5(facts: BatchFacts, _: ValueReader) -> Observed | None:
-    rows = facts.desc.num_reqs_padded(facts.num_reqs)
-    if facts.meta.block_table.shape[0] != rows:
-        return {"block_table rows": facts.meta.block_table.shape[0], "num_reqs_padded": rows}
     return None
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from contracts.metadata import REJECTED_TOKEN_ID
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
-    from contracts.facts import VerifierFacts
+    from contracts.evidence import ProposalSourceEvidence
+    from contracts.facts import ForwardOutputFacts, ProposalFacts, VerifierFacts
 
 VERIFY = {StepKind.VERIFY}
 PROPOSAL_ATOL = 1e-5
@@ -357,3 +360,201 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
         "draft_probs at it": q_x[r][j],
         "problem": "a draft token has probability 0 under the proposal it was supposedly drawn from",
     }
+
+
+# -- the drafter's side: what its forwards hand to its sampler -------------------------------------------------------
+
+
+@invariant(
+    "VER-8",
+    "A draft forward's logits hold no NaN or +inf on its real rows, and every real row has a finite entry.",
+    tag=Tag.D,
+    subject=Subject.FORWARD_OUTPUT,
+    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    likely_cause="the drafter produced non-finite values (a NaN or uninitialised drafter weight, an overflow in half "
+    "precision); every draft and proposal built from these rows is garbage, and sampling from them fails",
+    accepts="non-finite padded rows (a padded request attends to no key) and -inf entries of a masked token",
+)
+def ver_8(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
+    if not reader.allow_device:
+        return None
+    logits = facts.logits
+    if logits.dim() != 2 or logits.shape[0] < facts.num_tokens:
+        return {"logits shape": tuple(logits.shape), "real rows": facts.num_tokens}
+    real = logits[: facts.num_tokens]
+    finite = reader.device(real.amax(dim=-1).isfinite())  # NaN and +inf propagate; -inf only for an all -inf row
+    if finite is None or all(finite):
+        return None
+    bad = [i for i, ok in enumerate(finite) if not ok]
+    first = real[bad[0]]
+    return {
+        "real rows": facts.num_tokens,
+        "non-finite rows": _cut(bad),
+        f"row {bad[0]}": {
+            "NaN entries": int(first.isnan().sum()),
+            "+inf entries": int((first == float("inf")).sum()),
+            "finite entries": int(first.isfinite().sum()),
+        },
+    }
+
+
+def _temperature_softmax(logits: Any, temperature: float) -> Any:
+    """softmax(logits / T) in float64, shifted by the row maximum (greedy rows are one-hot, handled apart)."""
+    x = logits.double()
+    return ((x - x.amax(dim=-1, keepdim=True)) / temperature).softmax(dim=-1)
+
+
+def _slot_against_definition(q: Any, logits: Any, temperature: float, truncated: bool) -> str | None:
+    """Why ``q`` (one slot's reported proposal) is not what ``logits`` give under these settings, or None.
+
+    Untruncated rows must equal softmax(logits / T). A top-k / top-p row must be
+    that softmax restricted to the tokens it keeps and renormalised, and the tokens
+    kept must be the most likely ones: no dropped token has a larger logit than a
+    kept one. (Which cut top-k / top-p makes is not restated here: a boundary tie
+    would make an exact restatement brittle.) A slot that is not a distribution
+    at all is left to VER-6, which names that cause.
+    """
+    q = q.double()
+    if not bool(((q >= 0) & (q < float("inf"))).all()) or abs(float(q.sum()) - 1.0) > PROPOSAL_SUM_ATOL:
+        return None  # not a distribution at all: VER-6 names that, the more specific cause, at verification
+    if temperature == 0.0:
+        best = logits.max()
+        top = int(q.argmax())
+        if abs(float(q[top]) - 1.0) > PROPOSAL_ATOL or float(logits[top]) < float(best):
+            return "a greedy request's proposal is not one-hot at the argmax of the drafter's logits"
+        return None
+    want = _temperature_softmax(logits, temperature)
+    if truncated:
+        kept = q > 0
+        if not bool(kept.any()):
+            return "a truncated proposal keeps no token"
+        if bool((~kept).any()) and float(logits[~kept].max()) > float(logits[kept].min()):
+            return "top-k / top-p kept a token while dropping a more likely one"
+        want = torch.where(kept, want, 0.0)
+        want = want / want.sum()
+    gap = float((q - want).abs().max())
+    if gap > PROPOSAL_ATOL:
+        return f"max |reported - definition| = {gap:.3g}"
+    return None
+
+
+@invariant(
+    "VER-9",
+    "Where a drafter reports the logits its proposal came from, every drafted slot's draft_probs that is a "
+    "distribution (VER-6) is their distribution under the request's sampling settings: softmax(logits / T) (one-hot argmax when greedy), restricted "
+    "to the most likely tokens and renormalised under top-k / top-p.",
+    tag=Tag.D,
+    subject=Subject.PROPOSAL,
+    step_kinds={StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    likely_cause="the drafter's sampling transform ignored a setting (the temperature, top-k or top-p) and reported "
+    "the distribution it wrongly drew from; verification stays lossless, but drafts follow the wrong distribution "
+    "and are rejected more often",
+)
+def ver_9(facts: ProposalFacts, reader: ValueReader) -> Observed | None:
+    src, probs = facts.source, facts.draft_probs
+    if src is None or not reader.allow_device:
+        return None
+    rows = len(src.num_drafts)
+    if probs is None:  # argmax drafts: a one-hot proposal is lossless whatever the settings
+        return None
+    if (
+        tuple(src.logits.shape) != tuple(probs.shape)
+        or rows != probs.shape[0]
+        or not (len(src.temperature) == len(src.top_k) == len(src.top_p) == rows)
+    ):
+        return {
+            "source logits shape": tuple(src.logits.shape),
+            "draft_probs shape": tuple(probs.shape),
+            "per-row settings": (len(src.num_drafts), len(src.temperature), len(src.top_k), len(src.top_p)),
+        }
+    return _first_slot_off_definition(src, probs)
+
+
+def _first_slot_off_definition(src: ProposalSourceEvidence, probs: Any) -> Observed | None:
+    vocab = probs.shape[-1]
+    for r, drafted in enumerate(src.num_drafts):
+        t, k, p = src.temperature[r], src.top_k[r], src.top_p[r]
+        truncated = (k is not None and k < vocab) or (p is not None and p < 1.0)
+        for j in range(int(drafted)):
+            problem = _slot_against_definition(probs[r, j], src.logits[r, j], t, truncated)
+            if problem is not None:
+                return {
+                    "(row, draft slot)": (r, j),
+                    "sampling settings": {"temperature": t, "top_k": k, "top_p": p},
+                    "problem": problem,
+                }
+    return None
+
+
+# -- the recovered token: drawn from the residual, by definition ------------------------------------------------------
+
+
+@invariant(
+    "VER-10",
+    "Each sampled request's recovered token is drawn from max(0, p - q) normalised at the slot where it stopped (p "
+    "itself where that residual has no mass), with q the proposal of the rejected draft as handed to the verifier "
+    "(zero at the bonus or an unusable slot).",
+    tag=Tag.D,
+    subject=Subject.VERIFIER,
+    step_kinds=VERIFY,
+    likely_cause="the residual was built with the wrong sign (q - p), not clamped or not normalised, or took q from "
+    "another slot than the rejected draft's; the output then no longer follows the target's distribution",
+)
+def ver_10(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
+    out = facts.verifier_output
+    rec = None if out is None else out.recovery
+    if rec is None or not reader.allow_device:
+        return None
+    p, q, dist = rec.target, rec.proposal, rec.distribution
+    n = rec.rows.shape[0]
+    if p.dim() != 2 or p.shape != q.shape or p.shape != dist.shape or p.shape[0] != n or rec.position.shape[0] != n:
+        return {
+            "shapes (rows, position, target, proposal, distribution)": [
+                tuple(t.shape) for t in (rec.rows, rec.position, p, q, dist)
+            ]
+        }
+    # The definition, with the verifier's own operations and dtype, so a correct one matches it exactly.
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    want = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
+    off = reader.device((dist - want).abs().amax(dim=-1) > PROPOSAL_ATOL)
+    rows, pos = reader.device(rec.rows), reader.device(rec.position)
+    if off is None or rows is None or pos is None:
+        return None
+    wrong = [(rows[i], pos[i]) for i, bad in enumerate(off) if bad]
+    if wrong:
+        i = off.index(True)
+        return {
+            "(request, slot)": _cut(wrong),
+            "max |distribution - normalised max(0, p - q)|": round(float((dist[i] - want[i]).abs().max()), 6),
+            "problem": "the recovered token was not drawn from the residual of the target and the proposal",
+        }
+    return _proposal_not_the_rejected_drafts(facts, rows, pos, q, reader)
+
+
+def _proposal_not_the_rejected_drafts(
+    facts: VerifierFacts, rows: list[int], pos: list[int], q: Any, reader: ValueReader
+) -> Observed | None:
+    """The first row whose q is neither zero nor the handed-over proposal of its rejected draft, or None."""
+    given, ids = facts.verifier_input.draft_probs, facts.verifier_input.draft_token_ids
+    vocab = q.shape[-1]
+    for i, (r, j) in enumerate(zip(rows, pos, strict=True)):
+        if not 0 <= r < facts.num_reqs or not 0 <= j <= facts.num_spec_tokens:
+            return {"recovery row": i, "(request, slot)": (r, j), "problem": "no such request or slot"}
+        if j >= int(facts.num_draft_tokens[r]) or not bool(q[i].any()):
+            if bool(q[i].any()):
+                return {"(request, slot)": (r, j), "problem": "a proposal at the bonus position, which has no draft"}
+            continue
+        expected = (
+            given[r, j].to(q.dtype)
+            if given is not None
+            else torch.nn.functional.one_hot(ids[r, j].long().clamp(0, vocab - 1), vocab).to(q.dtype)
+        )
+        gap = float((q[i] - expected).abs().max())
+        if gap > PROPOSAL_ATOL:
+            return {
+                "(request, slot)": (r, j),
+                "max |q used - draft_probs at the slot|": round(gap, 6),
+                "problem": "the residual subtracted another q than the rejected draft's proposal",
+            }
+    return None

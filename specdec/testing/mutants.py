@@ -25,6 +25,7 @@ import specdec.verifier
 from contracts import REJECTED_TOKEN_ID
 from specdec.dp_sync import sync_dp
 from specdec.nn.transformer import Transformer
+from specdec.sampling import sample
 from specdec.speculator import DraftContext
 from specdec.testing.mutant import Apply, Mutant, constructed, wrapped
 
@@ -188,7 +189,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "target query_start_loc padded with -1 for padded requests instead of the real token total",
         "dflash",
         "graph",
-        "TGT-2",
+        "PAD-1",
         _target_metadata(_qsl_pad_minus_one),
     ),
     Mutant(
@@ -196,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "target slot_mapping built for the real tokens only, shorter than the padded model rows",
         "dflash",
         "dp",
-        "TGT-4",
+        "KV-3",
         _target_metadata(_slots_real_only),
     ),
     Mutant(
@@ -204,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "padded target rows repeat the last real slot instead of PAD_SLOT_ID: they would overwrite live KV",
         "dflash",
         "dp",
-        "TGT-4",
+        "KV-3",
         _target_metadata(_pad_slots_repeat_last),
     ),
     Mutant(
@@ -212,7 +213,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "padded requests given seq_len 1 (a dummy context) instead of 0",
         "dflash",
         "graph",
-        "TGT-3",
+        "PAD-2",
         _target_metadata(_padded_seq_lens_one),
     ),
     Mutant(
@@ -283,3 +284,74 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 """In the order ``specdec mutate`` runs them, before the installed corpora (``specdec.testing.corpus``)."""
+
+
+# -- model inputs of the target forward: dtypes, devices, positions (IN-2, IN-3) ------------------------------------
+
+
+def _slot_mapping_on_meta(kw: dict[str, Any]) -> None:
+    """The target slot mapping built by a shape-only factory and never materialised: it lives on the meta device."""
+    kw["slot_mapping"] = kw["slot_mapping"].to("meta")
+
+
+def _padded_positions_minus_one(real: Any) -> Any:
+    """Padded target rows get position -1 (a "not a token" marker) instead of a harmless 0."""
+
+    def build(requests: Any, desc: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        positions: torch.Tensor = real(requests, desc, *args, **kwargs).clone()
+        positions[sum(r.query_len for r in requests) :] = -1
+        return positions
+
+    return build
+
+
+MODEL_INPUT_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "target-slot-mapping-on-meta",
+        "the target slot_mapping is left on the meta device (built by a shape-only factory, never materialised)",
+        "dflash",
+        "dp",
+        "IN-2",
+        _target_metadata(_slot_mapping_on_meta),
+    ),
+    Mutant(
+        "target-padded-positions-minus-one",
+        "padded target rows get position -1 instead of 0 (rotary embeddings and KV addressing read before the start)",
+        "dflash",
+        "graph",
+        "IN-3",
+        lambda: wrapped(specdec.engine, "build_positions", _padded_positions_minus_one),
+    ),
+)
+"""Mutants of the model inputs (IN-*), kept in their own block; ``MUTANTS`` ends with these two blocks."""
+
+
+# -- the recovered token's distribution (VER-10) --------------------------------------------------------------------
+
+
+def _residual_sign_swapped(real: Any) -> Any:
+    """The residual built as max(0, q - p): the recovered token is drawn from where the drafter over-proposed."""
+
+    def verify_sampled(p: Any, drafts: Any, valid: Any, draft_probs: Any, generator: Any) -> Any:
+        accepted, _, rec = real(p, drafts, valid, draft_probs, generator)
+        residual = (rec.proposal - rec.target).clamp_min(0.0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        dist = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), rec.target)
+        return accepted, sample(dist, generator), dataclasses.replace(rec, distribution=dist)
+
+    return verify_sampled
+
+
+DEFINITION_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "verifier-residual-sign-swapped",
+        "the verifier's residual is max(0, q - p) instead of max(0, p - q): recovered tokens follow the wrong distribution",
+        "eagle",
+        "sampling",
+        "VER-10",
+        lambda: wrapped(specdec.verifier, "_verify_sampled", _residual_sign_swapped),
+    ),
+)
+"""Values the verifier computes that a contract restates by their definition."""
+
+MUTANTS = MUTANTS + MODEL_INPUT_MUTANTS + DEFINITION_MUTANTS

@@ -231,36 +231,36 @@ def test_tgt1_model_inputs_sized_by_real_tokens(batch: TargetBatch, meta: Attent
 
 
 @pytest.mark.parametrize("where", ["host mirror", "device only"])
-def test_tgt2_padded_query_start_loc_of_minus_one(batch: TargetBatch, meta: AttentionMetadata, where: str) -> None:
+def test_pad1_padded_query_start_loc_of_minus_one(batch: TargetBatch, meta: AttentionMetadata, where: str) -> None:
     bad = i32([0, 3, 6, 9, -1])
     mirror = bad.clone() if where == "host mirror" else None
-    assert violated(batch, dataclasses.replace(meta, query_start_loc=bad, query_start_loc_cpu=mirror)) == "TGT-2"
+    assert violated(batch, dataclasses.replace(meta, query_start_loc=bad, query_start_loc_cpu=mirror)) == "PAD-1"
 
 
-def test_tgt2_query_start_loc_not_padded(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_pad1_query_start_loc_not_padded(batch: TargetBatch, meta: AttentionMetadata) -> None:
     unpadded = i32([0, 3, 6, 9])
-    assert violated(batch, corrupt(meta, query_start_loc=unpadded, query_start_loc_cpu=unpadded), "shapes") == "TGT-2"
+    assert violated(batch, corrupt(meta, query_start_loc=unpadded, query_start_loc_cpu=unpadded), "shapes") == "PAD-1"
 
 
-def test_tgt3_padded_request_given_a_context_length(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_pad2_padded_request_given_a_context_length(batch: TargetBatch, meta: AttentionMetadata) -> None:
     bad = i32([8, 3, 12, 12])
-    assert violated(batch, dataclasses.replace(meta, seq_lens=bad, seq_lens_cpu=bad.clone())) == "TGT-3"
+    assert violated(batch, dataclasses.replace(meta, seq_lens=bad, seq_lens_cpu=bad.clone())) == "PAD-2"
 
 
-def test_tgt3_new_tokens_not_counted_in_seq_len(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_pad2_new_tokens_not_counted_in_seq_len(batch: TargetBatch, meta: AttentionMetadata) -> None:
     bad = i32([8, 2, 12, 0])  # request b: seq_len 2 < query_len 3
-    assert violated(batch, dataclasses.replace(meta, seq_lens=bad, seq_lens_cpu=None)) == "TGT-3"
+    assert violated(batch, dataclasses.replace(meta, seq_lens=bad, seq_lens_cpu=None)) == "PAD-2"
 
 
-def test_tgt4_slot_mapping_shorter_than_padded_tokens(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_kv3_target_slot_mapping_shorter_than_padded_tokens(batch: TargetBatch, meta: AttentionMetadata) -> None:
     short = meta.slot_mapping[:9].clone()
-    assert violated(batch, dataclasses.replace(meta, slot_mapping=short), "shapes") == "TGT-4"
+    assert violated(batch, dataclasses.replace(meta, slot_mapping=short), "shapes") == "KV-3"
 
 
-def test_tgt4_padded_rows_not_pad_slot(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_kv3_target_padded_rows_not_pad_slot(batch: TargetBatch, meta: AttentionMetadata) -> None:
     bad = meta.slot_mapping.clone()
     bad[9:] = 0  # padded tokens would overwrite block 0, which request a owns
-    assert violated(batch, dataclasses.replace(meta, slot_mapping=bad)) == "TGT-4"
+    assert violated(batch, dataclasses.replace(meta, slot_mapping=bad)) == "KV-3"
 
 
 def test_tgt4_duplicated_real_slot(batch: TargetBatch, meta: AttentionMetadata) -> None:
@@ -284,8 +284,8 @@ def test_tgt4_slot_in_block_zero_that_belongs_to_another_request(batch: TargetBa
     assert violated(batch, dataclasses.replace(meta, slot_mapping=bad)) == "TGT-4"
 
 
-def test_tgt5_block_table_rows_not_padded(batch: TargetBatch, meta: AttentionMetadata) -> None:
-    assert violated(batch, corrupt(meta, block_table=meta.block_table[:3].clone()), "shapes") == "TGT-5"
+def test_pad3_block_table_rows_not_padded(batch: TargetBatch, meta: AttentionMetadata) -> None:
+    assert violated(batch, corrupt(meta, block_table=meta.block_table[:3].clone()), "shapes") == "PAD-3"
 
 
 @pytest.mark.parametrize(
@@ -374,12 +374,12 @@ def test_shapes_mode_reads_no_device_value_on_fake_cuda(batch: TargetBatch, monk
         )
         check_target_batch(batch.desc, batch.requests, garbage, ids, positions, BLOCK_SIZE)
 
-        # ... but a wrong length is a shape, and the [S] part of TGT-4 still catches it
+        # ... but a wrong length is a shape, and the [S] part of KV-3 still catches it
         short = dataclasses.replace(meta, slot_mapping=torch.full((9,), PAD_SLOT_ID, dtype=torch.int64, device="cuda"))
         with pytest.raises(ContractViolation) as err:
             check_target_batch(batch.desc, batch.requests, short, ids, positions, BLOCK_SIZE)
-        assert err.value.invariant_id == "TGT-4"
-        assert err.value.observed == {"len(slot_mapping)": 9, "desc.num_tokens": 12}
+        assert err.value.invariant_id == "KV-3"
+        assert err.value.observed == {"slot_mapping shape": (9,), "desc.num_tokens": 12}
     assert reads == []
 
 
@@ -391,7 +391,7 @@ def test_host_mirrors_are_checked_in_shapes_mode_without_touching_the_device(bat
         positions = build_positions(batch.requests, batch.desc, device="meta")
         check_target_batch(batch.desc, batch.requests, meta, ids, positions, BLOCK_SIZE)
     bad = dataclasses.replace(meta, query_start_loc_cpu=i32([0, 3, 6, 9, -1]))
-    assert violated(batch, bad, "shapes", inputs=(ids, positions)) == "TGT-2"
+    assert violated(batch, bad, "shapes", inputs=(ids, positions)) == "PAD-1"
 
 
 # -- builder edge cases ----------------------------------------------------------------------------
@@ -446,12 +446,12 @@ def test_scheduled_request_rejects_nonsense() -> None:
         ScheduledRequest("a", -1, 1)
 
 
-def test_tgt2_device_copy_disagreeing_with_its_host_mirror(batch: TargetBatch, meta: AttentionMetadata) -> None:
+def test_pad1_device_copy_disagreeing_with_its_host_mirror(batch: TargetBatch, meta: AttentionMetadata) -> None:
     """A right host mirror cannot hide a device query_start_loc padded with -1 in ``full`` mode."""
     device_copy = meta.query_start_loc.clone()
     device_copy[-1] = -1
     bad = dataclasses.replace(meta, query_start_loc=device_copy)
-    assert violated(batch, bad, "full") == "TGT-2"
+    assert violated(batch, bad, "full") == "PAD-1"
 
 
 def test_piecewise_attention_runs_on_the_real_rows_only() -> None:

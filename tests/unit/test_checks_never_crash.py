@@ -310,11 +310,11 @@ def _target_point() -> Any:
     return next(f for s, f, k in captured_points() if s is Subject.BATCH and k is StepKind.TARGET)
 
 
-def test_a_host_seq_lens_one_short_is_tgt_3() -> None:
+def test_a_host_seq_lens_one_short_is_pad_2() -> None:
     facts = _target_point()
     meta = _with(facts.meta, seq_lens_cpu=facts.meta.seq_lens_cpu[:-1])
     err = _violated(Subject.BATCH, _with(facts, meta=meta), StepKind.TARGET, "shapes")
-    assert err.invariant_id == "TGT-3" and err.observed["problem"] == "a host mirror is sized wrongly"
+    assert err.invariant_id == "PAD-2" and err.observed["problem"] == "a host mirror is sized wrongly"
 
 
 def test_one_request_too_many_is_a_violation() -> None:

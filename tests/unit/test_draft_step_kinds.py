@@ -109,5 +109,6 @@ def test_ctx_forward_refuses_a_kind_the_drafter_did_not_declare() -> None:
 
 def test_a_declared_kind_runs_its_checks_and_then_the_model() -> None:
     ctx = _ctx(frozenset({StepKind.DRAFT_DECODE}))
+    # No DP group here, so no DP pad: the step runs exactly one row per request (AR-4 knows dp_size 1).
     with pytest.raises(AssertionError, match="the model ran"):
-        ctx.forward(_NeverRuns(), StepKind.DRAFT_DECODE, decode_facts(), _KV)
+        ctx.forward(_NeverRuns(), StepKind.DRAFT_DECODE, decode_facts(num_reqs=12, model_tokens=12), _KV)
