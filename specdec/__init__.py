@@ -28,6 +28,8 @@ _EXPORTS = {
     "Engine": "specdec.engine",
     "EngineConfig": "specdec.engine",
     "ModelConfig": "specdec.nn.config",
+    "ModelOutput": "specdec.nn.transformer",
+    "PagedKVStorage": "specdec.kv_storage",
     "Proposal": "specdec.speculator",
     "RunMetrics": "specdec.engine",
     "SamplingParams": "specdec.sampling",
@@ -48,6 +50,8 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "ModelConfig",
+    "ModelOutput",
+    "PagedKVStorage",
     "Proposal",
     "RequestOutput",
     "RunMetrics",
@@ -65,9 +69,10 @@ if TYPE_CHECKING:
     from specdec.attn_metadata import ScheduledRequest
     from specdec.draft_step_kinds import StepKindError
     from specdec.engine import Engine, EngineConfig, RunMetrics
+    from specdec.kv_storage import PagedKVStorage
     from specdec.llm import LLM, CompletionOutput, RequestOutput
     from specdec.nn.config import ModelConfig
-    from specdec.nn.transformer import Transformer
+    from specdec.nn.transformer import ModelOutput, Transformer
     from specdec.sampling import SamplingParams
     from specdec.scheduler import SchedulerConfig
     from specdec.speculator import DraftContext, DraftModel, DraftOutput, Proposal, Speculator, TargetStep
