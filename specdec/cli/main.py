@@ -129,6 +129,7 @@ def _matrix(args: argparse.Namespace) -> int:
         json_path=args.json,
         junit_path=args.junit,
         workers=args.workers,
+        example=args.example,
     )
 
 
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default all; cuda is skipped without a GPU)"
     )
     x.add_argument("--seed", type=int, default=0)
+    x.add_argument(
+        "--example",
+        type=int,
+        metavar="N",
+        help="run only generated example N (1-based) of each cell, as a full run meets it: what a failure's "
+        "'reproduce:' line passes",
+    )
     x.add_argument("--workers", type=int, help="worker processes (default: one per CPU core)")
     x.add_argument("--json", metavar="PATH", help="write the results as JSON")
     x.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")
