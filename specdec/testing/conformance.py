@@ -619,13 +619,16 @@ def run_family(
     timeout_s: float = 20.0,
     example: int | None = None,
     backend: str | None = None,
+    judge_axes: bool | None = None,
 ) -> FamilyResult:
     """Up to ``examples`` generated configurations of one family, reproducible from ``seed``.
 
     ``example`` (1-based) runs that generated example alone: the ones before it
     are drawn, not run, so it is the configuration a full run met at that index.
     ``backend`` names the factory in the failure's ``repro`` command (default:
-    its ``module:qualname``).
+    its ``module:qualname``). ``judge_axes`` fails a family that ran a whole
+    cycle without reaching every named axis value; None judges unless
+    ``stop_at_first_failure`` (a mutation run hunts one bug and claims no coverage).
     """
     result = FamilyResult(family, tensor_mode)
     if tensor_mode not in TENSOR_MODES:
@@ -697,7 +700,8 @@ def run_family(
     with contextlib.suppress(_Stop):
         explore()
     _judge_coverage(result, coverage)
-    if example is None and not (stop_at_first_failure and stopped):
+    judge = not stop_at_first_failure if judge_axes is None else judge_axes
+    if judge and example is None and not stopped:
         _judge_axes(result, reached, required_axes(family, AXES[family], paths), cycle_length(family, paths))
     else:
         result.axes_reached = reached.as_dict()

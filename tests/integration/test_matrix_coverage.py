@@ -57,6 +57,12 @@ def test_every_path_option_value_is_run_and_a_missed_one_fails(monkeypatch: pyte
     bad = run_family(factory_for("eagle"), "acceptance", examples=6)
     assert bad.caught_by == [AXES_UNREACHED] and bad.axes_missing == {"fused": [True]}
     assert "axis 'fused' never reached [True]" in (bad.first_failure or "")
+    # A mutation run (stop at the first failure) hunts one bug and claims no coverage; the pytest plugin does.
+    assert run_family(factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True).passed
+    plugin_like = run_family(
+        factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True, judge_axes=True
+    )
+    assert plugin_like.caught_by == [AXES_UNREACHED]
 
 
 def _matrix(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any]]:
