@@ -13,40 +13,62 @@ as on a GPU.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.overrides import TorchFunctionMode
 
-_COPIES = (torch.Tensor.cpu, torch.Tensor.to)
+_ORIGINAL_CPU = torch.Tensor.cpu
+_ORIGINAL_TO = torch.Tensor.to
+_lock = threading.Lock()
+_active = 0
+_fake_mode: FakeTensorMode | None = None
 
 
-class HostCopiesOfMeta(TorchFunctionMode):
-    """``meta_tensor.cpu()`` and ``meta_tensor.to("cpu", ...)`` return a data-less host ``FakeTensor``."""
+def _host_stand_in(source: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    global _fake_mode
+    if _fake_mode is None:
+        _fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    shaped = source if dtype is None else _ORIGINAL_TO(source, dtype=dtype)
+    return FakeTensor(_fake_mode, shaped, torch.device("cpu"))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        source = args[0] if args else None
-        if (
-            func in _COPIES
-            and isinstance(source, torch.Tensor)
-            and source.is_meta
-            and not isinstance(source, FakeTensor)
-        ):
-            dtype = None
-            if func is torch.Tensor.to:
-                device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
-            else:
-                device = torch.device("cpu")
-            if device is not None and device.type == "cpu":
-                with torch._C.DisableTorchFunction():
-                    shaped = source if dtype is None else source.to(dtype=dtype)
-                return FakeTensor(self.fake_mode, shaped, torch.device("cpu"))
-        return func(*args, **kwargs)
+def _cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if self.is_meta and not isinstance(self, FakeTensor):
+        return _host_stand_in(self, None)
+    return _ORIGINAL_CPU(self, *args, **kwargs)
+
+
+def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if self.is_meta and not isinstance(self, FakeTensor):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type == "cpu":
+            return _host_stand_in(self, dtype)
+    return _ORIGINAL_TO(self, *args, **kwargs)
+
+
+class HostCopiesOfMeta:
+    """While entered (by any thread), ``meta_tensor.cpu()`` and ``meta_tensor.to("cpu", ...)`` return a data-less
+    host ``FakeTensor``; every other tensor's copies are torch's own.
+
+    Only these two methods are wrapped (a torch function mode would add a Python call to every op of the replay);
+    the rank threads of one replay share one wrapping, counted in and out.
+    """
+
+    def __enter__(self) -> HostCopiesOfMeta:
+        global _active
+        with _lock:
+            if _active == 0:
+                torch.Tensor.cpu = _cpu  # type: ignore[method-assign]
+                torch.Tensor.to = _to  # type: ignore[method-assign,assignment]
+            _active += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _active
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                torch.Tensor.cpu = _ORIGINAL_CPU  # type: ignore[method-assign]
+                torch.Tensor.to = _ORIGINAL_TO  # type: ignore[method-assign]

@@ -115,6 +115,7 @@ def test_repro_command_is_one_line_naming_the_cell_and_example() -> None:
 def test_meta_replay_copies_to_the_host_are_data_less_host_tensors() -> None:
     meta = torch.zeros(4, dtype=torch.int64, device="meta")
     host = torch.arange(3)
+    original_cpu, original_to = torch.Tensor.cpu, torch.Tensor.to
     with HostCopiesOfMeta():
         copied = meta.cpu()
         narrowed = meta.to("cpu", torch.int32)
@@ -126,3 +127,6 @@ def test_meta_replay_copies_to_the_host_are_data_less_host_tensors() -> None:
             copied.tolist()  # its values were never copied: reading them is the hidden sync it stands for
         with pytest.raises(Exception, match="device"):
             _ = copied + meta  # a host tensor in device compute fails as on a GPU
+    assert torch.Tensor.cpu is original_cpu and torch.Tensor.to is original_to  # torch's own again outside
+    with pytest.raises(NotImplementedError, match="meta"):
+        meta.cpu()
