@@ -60,7 +60,7 @@ class HostCopiesOfMeta:
         global _active
         with _lock:
             if _active == 0:
-                torch.Tensor.cpu = _cpu  # type: ignore[method-assign]
+                torch.Tensor.cpu = _cpu  # type: ignore[method-assign,assignment]
                 torch.Tensor.to = _to  # type: ignore[method-assign,assignment]
             _active += 1
         return self
