@@ -3,12 +3,15 @@
 ``pytest --specdec-backend my_pkg:make_speculator`` (or an installed backend's
 name) adds items with ids like ``specdec[ngram]::dp[cpu]``; each runs
 ``specdec.testing.conformance.run_family`` and fails with the invariant ID,
-the violation and the generated configuration of the first failing example.
-``cuda`` items are skipped without a GPU, never failed.
+the violation, the generated configuration of the first failing example and
+the one-line commands that rerun that example alone (``--specdec-example N``
+here, ``specdec matrix --example N`` outside pytest). ``cuda`` items are
+skipped without a GPU, never failed.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -33,6 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="comma-separated: cpu, fake-cuda, cuda (default all)",
     )
     group.addoption("--specdec-seed", type=int, default=0, help="seed of the generated configurations")
+    group.addoption(
+        "--specdec-example",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run only generated example N (1-based) of each family, as a full run meets it (a failure's repro)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those select conformance items too
@@ -50,6 +60,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError(
             f"unknown specdec families/tensor modes {bad}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
         )
+    example = config.getoption("specdec_example")
+    if example is not None and example < 1:
+        raise pytest.UsageError(f"--specdec-example is a 1-based index of a generated example, got {example}")
     for backend in backends:
         for mode in modes:
             for family in families:
@@ -74,13 +87,17 @@ class ConformanceItem(pytest.Item):
         from specdec.testing.conformance import run_family
 
         config = self.config
+        seed = config.getoption("specdec_seed")
         result = run_family(
             factory_for(self.backend),
             self.family,
             examples=config.getoption("specdec_examples"),
             tensor_mode=self.mode,
-            seed=config.getoption("specdec_seed"),
+            seed=seed,
             stop_at_first_failure=True,
+            judge_axes=True,  # a conformance test claims the paths it names were taken
+            example=config.getoption("specdec_example"),
+            backend=self.backend,
         )
         if result.skipped:
             pytest.skip(f"{self.family}[{self.mode}]: {result.skipped}")
@@ -91,8 +108,16 @@ class ConformanceItem(pytest.Item):
                 if result.first_failure_example is not None
                 else f"over its {result.examples} generated examples"
             )
+            again = (
+                f"--specdec-example {result.first_failure_example}"
+                if result.first_failure_example is not None
+                else f"--specdec-examples {result.examples}"
+            )
             raise ConformanceFailure(
-                f"{self.backend} failed family {self.family!r} ({self.mode}) {where}: {result.first_failure}"
+                f"{self.backend} failed family {self.family!r} ({self.mode}) {where}: {result.first_failure}\n"
+                f"reproduce: {result.repro}\n"
+                f"or: pytest -p no:cacheprovider --specdec-backend {shlex.quote(self.backend)} "
+                f"--specdec-families {self.family} --specdec-tensor-modes {self.mode} --specdec-seed {seed} {again}"
             )
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:

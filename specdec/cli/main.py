@@ -174,6 +174,7 @@ def _matrix(args: argparse.Namespace) -> int:
         json_path=args.json,
         junit_path=args.junit,
         workers=args.workers,
+        example=args.example,
     )
 
 
@@ -290,6 +291,13 @@ def _matrix_arguments(p: argparse.ArgumentParser) -> None:
         "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default: all; cuda is skipped without a GPU)"
     )
     p.add_argument("--seed", type=seed, default=0, help="Hypothesis seed (default: 0)")
+    p.add_argument(
+        "--example",
+        type=positive_int,
+        metavar="N",
+        help="run only generated example N (1-based) of each cell, as a full run meets it: what a failure's "
+        "'reproduce:' line passes",
+    )
     p.add_argument("--workers", type=positive_int, help="worker processes (default: one per CPU core)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--junit", metavar="PATH", help="write the results as JUnit XML")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -49,11 +50,23 @@ from specdec.backend_registry import names_option
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
 from specdec.engine import EngineConfig
+from specdec.kv_cache import blocks_for
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import DraftContext, Speculator, TargetStep, check_proposal
+from specdec.testing.axes import (
+    AXES_UNREACHED,
+    BOUNDARIES,
+    DP_SIZES,
+    PATH_OPTIONS,
+    AxesReached,
+    BoundaryWatch,
+    option_combinations,
+    path_options,
+    required_axes,
+)
 from specdec.testing.dp_run import (
     DPRunSpec,
     RankResult,
@@ -65,6 +78,7 @@ from specdec.testing.dp_run import (
 )
 from specdec.testing.forced_acceptance import ForcedAcceptance
 from specdec.testing.forward_coverage import UNCHECKED_FORWARDS, ForwardCoverage, ObservedSpeculator
+from specdec.testing.host_copies import HostCopiesOfMeta
 from specdec.testing.meta_memo import MetaMemo
 
 Factory = Callable[..., Speculator]
@@ -123,11 +137,13 @@ def run_case(
     mode: str = "full",
     timeout_s: float = 20.0,
     coverage: ForwardCoverage | None = None,
+    reached: AxesReached | None = None,
 ) -> Outcome:
     """Run one configuration on every rank; compare greedy outputs with plain decoding (and replay on fake cuda).
 
     ``coverage`` gathers what the backend declared and drafted and the
-    invariant evaluations of the run and its replay (``forward_coverage``).
+    invariant evaluations of the run and its replay (``forward_coverage``);
+    ``reached`` the axis values the example configured and ran into.
     """
     recorders: list[ObservedSpeculator] = []
 
@@ -143,7 +159,34 @@ def run_case(
     outcome, results = _run_and_replay(factory, case, build, recorders, counting, tensor_mode, mode, timeout_s)
     if coverage is not None:
         coverage.observe(recorders, sum(r.metrics.drafted for r in results))
+    if reached is not None:
+        _record_axes(reached, case, [r.watch for r in recorders])
     return outcome
+
+
+def _record_axes(reached: AxesReached, case: Case, watches: Sequence[BoundaryWatch]) -> None:
+    """What ``case`` configured (options, DP size, K, acceptance, capacity, sampling) and what its ranks ran into."""
+    options, dp = case.options, case.run.dp_size
+    for name in PATH_OPTIONS:
+        if name in options:
+            reached.add(name, options[name])
+    reached.add("dp_size", dp)
+    reached.add("num_spec_tokens", options.get("num_spec_tokens"))
+    if case.acceptance is not None:
+        reached.add("acceptance", case.acceptance)
+    if "capacity" in options:
+        measured = options["capacity"] == "budget" and "c0" not in options
+        reached.add("capacity", "budget-measured-cost" if measured else options["capacity"])
+    if any(not r.params.greedy for rank in case.run.requests for r in rank):
+        reached.add("sampled_request", True)
+    for w in watches:
+        reached.update({"graph_mode": w.graph_modes})
+        if w.prefill_chunked:
+            reached.add("prefill_chunked", True)
+        if w.drafted_into_max_model_len:
+            reached.add("drafted_into_max_model_len_at_dp", dp)
+        if w.preempted:
+            reached.add("preempted_while_speculating_at_dp", dp)
 
 
 def _run_and_replay(
@@ -255,6 +298,7 @@ def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[st
         else:
             # Meta kernels are Python on this build: compute each distinct call once (``meta_memo``).
             stack.enter_context(MetaMemo())
+            stack.enter_context(HostCopiesOfMeta())  # ``.cpu()`` of device data: a data-less host tensor
 
             def move(t: torch.Tensor) -> torch.Tensor:
                 return t.to("meta")
@@ -308,18 +352,26 @@ def replay_on_fake_cuda(
 LAYOUTS = ("idle", "uneven", "any")
 """How a DP run's ranks are filled: the last rank idle, the last rank's count unlike rank 0's, or as drawn."""
 AXES: dict[str, tuple[Any, ...]] = {
-    "dp": tuple((dp, LAYOUTS[i % 3]) for i, dp in enumerate((1, 2, 4, 8) * 3)),
+    "dp": tuple((dp, LAYOUTS[i % 3], BOUNDARIES[i // 4]) for i, dp in enumerate(DP_SIZES * 3)),
     "graph": tuple((mode, (1, 2)[i % 2]) for i, mode in enumerate(tuple(CUDAGraphMode) * 2)),
     "draft-length": tuple((k, dp) for dp in (1, 2) for k in range(1, 9)),
     "chunked-prefill": ("long", "any"),
     "acceptance": ("all-accept", "all-reject", "random"),
     "sampling": ("sampled", "any"),
-    "capacity": ("threshold", "budget", "full"),
+    "capacity": ("threshold", "budget", "budget-measured-cost", "full"),
 }
 """The values each family cycles through in ``run_family``, one per example in turn, so that every DP size with
-idle and uneven ranks, every graph mode, every K, a prompt longer than the budget, a sampled request, every
-acceptance pattern and every capacity is tried within the first examples of a cell, not where the draw happens
-to land (everything else is still drawn)."""
+idle and uneven ranks (and at each DP size a request drafting into ``max_model_len`` and a preempting KV pool, see
+``BOUNDARIES``), every graph mode, every K, a prompt longer than the budget, a sampled request, every acceptance
+pattern and every capacity (the budget with a given step cost and with the one it measures) is tried within the
+first examples of a cell, not where the draw happens to land (everything else is still drawn). The backend's
+code-path options (``PATH_OPTIONS``) are cycled over whole rounds of these values, so every value meets every
+option combination within ``cycle_length`` examples."""
+
+
+def cycle_length(family: str, paths: Mapping[str, tuple[Any, ...]]) -> int:
+    """Examples after which every axis value of ``family`` has met every combination of the code-path options."""
+    return len(AXES[family]) * len(option_combinations(paths))
 
 
 @st.composite
@@ -338,6 +390,7 @@ def _requests(
     force_sampled: bool = False,
     first_prompt_min: int = 0,
     lengthen: bool = False,
+    boundary: str = "none",
 ) -> tuple[tuple[RequestSpec, ...], ...]:
     """Per-rank requests; rank 0 always has one, others may idle, counts differ between ranks.
 
@@ -346,7 +399,10 @@ def _requests(
     ``dp`` kept, each with at most ``keep_reqs`` of its requests; ``layout`` (see
     ``LAYOUTS``) makes the last rank idle or its count unlike rank 0's;
     ``force_sampled`` samples rank 0's first request; ``lengthen`` makes its
-    prompt at least ``first_prompt_min`` tokens long with tokens drawn for that.
+    prompt at least ``first_prompt_min`` tokens long with tokens drawn for that. ``boundary`` (see
+    ``BOUNDARIES``) shapes what is drawn, with no draw of its own: ``max-model-len`` gives every request room for a
+    second token (so it drafts after its prefill), ``preempt`` gives rank 0 two long requests (a copy of its first
+    when it drew one) that cannot both fit the pool ``family_cases`` sizes for them.
     """
     token = st.integers(0, MODEL.vocab_size - 1)
     ranks = []
@@ -368,6 +424,12 @@ def _requests(
                 tokens = (tokens + tuple(extra))[: max(len(tokens), first_prompt_min)] if lengthen else tokens
             reqs.append(RequestSpec(f"r{rank}.{i}", tokens, max_tokens=draw(st.integers(*max_tokens)), params=params))
         reqs = reqs[: keep_reqs or None]
+        if boundary == "max-model-len":
+            reqs = [dataclasses.replace(r, max_tokens=max(r.max_tokens, 2)) for r in reqs]
+        elif boundary == "preempt" and rank == 0:
+            if len(reqs) == 1:
+                reqs.append(dataclasses.replace(reqs[0], req_id="r0.copy", prompt=reqs[0].prompt[::-1]))
+            reqs[:2] = [dataclasses.replace(r, max_tokens=PREEMPT_MAX_TOKENS) for r in reqs[:2]]
         if rank == dp - 1 and rank and layout == "idle":
             reqs = []
         elif rank == dp - 1 and rank and layout == "uneven" and len(reqs) == len(ranks[0]):
@@ -376,40 +438,76 @@ def _requests(
     return tuple(ranks[:dp])
 
 
-def _engine(budget: int, block_size: int, capture: CaptureConfig) -> EngineConfig:
+PREEMPT_MAX_TOKENS = 6
+"""Tokens each of rank 0's two requests of a ``preempt`` example generates: both grow past the pool together."""
+
+
+def _engine(
+    budget: int, block_size: int, capture: CaptureConfig, *, num_blocks: int = 96, max_model_len: int = 48
+) -> EngineConfig:
     return EngineConfig(
-        num_blocks=96,
+        num_blocks=num_blocks,
         block_size=block_size,
         capture=capture,
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=48),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=max_model_len),
     )
+
+
+def _boundary_engine(
+    boundary: str, requests: tuple[tuple[RequestSpec, ...], ...], k: int, block_size: int
+) -> dict[str, int]:
+    """``_engine``'s pool and model length for a ``dp`` example's boundary (see ``BOUNDARIES``).
+
+    ``max-model-len``: two tokens past the longest prompt, so that request's first drafts (K >= 2) already reach
+    the model length. ``preempt``: the fewest blocks the scheduler admits the largest request with, so rank 0's
+    two long requests cannot both fit and one is preempted while the other speculates.
+    """
+    prompts = [len(r.prompt) for rank in requests for r in rank]
+    if boundary == "max-model-len":
+        return {"max_model_len": max(prompts) + 2}
+    if boundary == "preempt":
+        longest = max(min(len(r.prompt) + r.max_tokens + k + 1, 48) for rank in requests for r in rank)
+        return {"num_blocks": blocks_for(longest, block_size)}
+    return {}
 
 
 @st.composite
 @no_type_check
 def family_cases(
-    draw: st.DrawFn, family: str, options: Mapping[str, Any] | None = None, cycle: int | None = None
+    draw: st.DrawFn,
+    family: str,
+    options: Mapping[str, Any] | None = None,
+    cycle: int | None = None,
+    paths: Mapping[str, tuple[Any, ...]] | None = None,
 ) -> Case:
     """One example of ``family``; ``options`` are extra backend options fixed for the whole run.
 
     ``cycle`` (the example's index) takes the family's axis value from ``AXES``
-    in turn instead of drawing it; no later draw depends on the axis value, so
-    Hypothesis sees the same data generation whatever the cycle picks.
+    in turn instead of drawing it, and the combination of the code-path options
+    ``paths`` (``axes.path_options``) once per round of axis values; no later draw
+    depends on either, so Hypothesis sees the same data generation whatever the
+    cycle picks.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown configuration family {family!r}; known: {sorted(FAMILIES)}")
     values = AXES[family]
-    axis = values[draw(st.integers(0, len(values) - 1)) if cycle is None else cycle % len(values)]
-    base = dict(options or {})
+    combos = option_combinations(paths or {})
+    if cycle is None:
+        axis = values[draw(st.integers(0, len(values) - 1))]
+        combo = combos[draw(st.integers(0, len(combos) - 1))] if len(combos) > 1 else combos[0]
+    else:
+        axis, combo = values[cycle % len(values)], combos[(cycle // len(values)) % len(combos)]
+    base = {**combo, **(options or {})}
     k = draw(st.integers(1, 4))
-    dp, mode, acceptance = 1, CUDAGraphMode.NONE, None
+    dp, mode, acceptance, boundary = 1, CUDAGraphMode.NONE, None, "none"
     sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     budget = draw(st.integers(8, 32))
     req_kw: dict[str, Any] = {}
     if family == "dp":
-        dp, layout = axis
+        dp, layout, boundary = axis
         keep = 3 if dp <= 2 else 2
-        req_kw = {"ranks_drawn": 8, "keep_reqs": keep, "max_tokens": (1, 4), "layout": layout}
+        req_kw = {"ranks_drawn": 8, "keep_reqs": keep, "max_tokens": (1, 4), "layout": layout, "boundary": boundary}
+        k = max(k, 2) if boundary == "max-model-len" else k  # the first drafts after the prefill reach the limit
     elif family == "graph":
         mode, dp = axis
         sizes = tuple(sorted(draw(st.sets(st.integers(1, 40), min_size=1, max_size=5))))
@@ -428,10 +526,12 @@ def family_cases(
         req_kw = {"sampled": True, "force_sampled": axis == "sampled"}
     else:  # capacity: the parameters of every choice are drawn, the chosen one's are used
         tau, c0, c1 = draw(st.floats(0.0, 1.0)), draw(st.floats(0.1, 4.0)), draw(st.floats(0.0, 1.0))
-        base["capacity"] = axis
+        base["capacity"] = "budget" if axis.startswith("budget") else axis  # the measured cost: no c0 and c1 given
         base.update({"threshold": {"tau": tau}, "budget": {"c0": c0, "c1": c1}}.get(axis, {}))
     requests = draw(_requests(dp, **req_kw))
-    engine = _engine(budget, draw(st.sampled_from([2, 4, 8])), CaptureConfig(mode=mode, capture_sizes=sizes))
+    block_size = draw(st.sampled_from([2, 4, 8]))
+    limits = _boundary_engine(boundary, requests, k, block_size)
+    engine = _engine(budget, block_size, CaptureConfig(mode=mode, capture_sizes=sizes), **limits)
     run = DPRunSpec(MODEL, draw(st.integers(0, 3)), engine, requests)
     return Case(family, run, {"num_spec_tokens": k, **base}, acceptance)
 
@@ -463,6 +563,14 @@ class FamilyResult:
     cpu_seconds: float = 0.0
     """CPU time of this process over the cell (all its threads): the cost, whatever else shares the machine."""
     skipped: str | None = None
+    axes_reached: dict[str, list[Any]] = field(default_factory=dict)
+    """Per axis, the values its examples configured or ran into (``axes.AxesReached``)."""
+    axes_missing: dict[str, list[Any]] = field(default_factory=dict)
+    """Per named axis, the values never reached: a family that misses any fails as ``axes-unreached``."""
+    axes_judged: bool = False
+    """Whether the family ran a whole ``cycle_length`` of examples, after which every named axis must be reached."""
+    repro: str | None = None
+    """A one-line command that reruns the first failure (the failing example alone, or the whole family)."""
 
     @property
     def passed(self) -> bool:
@@ -510,11 +618,24 @@ def run_family(
     options: Mapping[str, Any] | None = None,
     on_example: Callable[[FamilyResult], None] | None = None,
     timeout_s: float = 20.0,
+    example: int | None = None,
+    backend: str | None = None,
+    judge_axes: bool | None = None,
 ) -> FamilyResult:
-    """Up to ``examples`` generated configurations of one family, reproducible from ``seed``."""
+    """Up to ``examples`` generated configurations of one family, reproducible from ``seed``.
+
+    ``example`` (1-based) runs that generated example alone: the ones before it
+    are drawn, not run, so it is the configuration a full run met at that index.
+    ``backend`` names the factory in the failure's ``repro`` command (default:
+    its ``module:qualname``). ``judge_axes`` fails a family that ran a whole
+    cycle without reaching every named axis value; None judges unless
+    ``stop_at_first_failure`` (a mutation run hunts one bug and claims no coverage).
+    """
     result = FamilyResult(family, tensor_mode)
     if tensor_mode not in TENSOR_MODES:
         raise ValueError(f"unknown tensor mode {tensor_mode!r}; known: {TENSOR_MODES}")
+    if example is not None and example < 1:
+        raise ValueError(f"example is a 1-based index of a generated example, got {example}")
     if tensor_mode == "cuda" and not torch.cuda.is_available():
         result.skipped = "no CUDA device"
         return result
@@ -527,15 +648,19 @@ def run_family(
         result.skipped = "capacities are data-dependent (one host read of the counts per step by design)"
         return result
     start, cpu_start = time.perf_counter(), time.process_time()
+    paths = path_options(factory, options)
+    name = backend or _importable_name(factory)
 
     class _Stop(Exception):
         pass
 
     stopped: list[bool] = []
+    generated: list[int] = []
     coverage = ForwardCoverage()
+    reached = AxesReached()
 
     @settings(
-        max_examples=examples,
+        max_examples=example or examples,
         database=None,
         deadline=None,
         phases=[Phase.generate],
@@ -546,29 +671,97 @@ def run_family(
     @given(st.data())
     def explore(data: st.DataObject) -> None:
         # Hypothesis replays the failing example once more before raising: the same draw, and not a new example.
-        case = data.draw(family_cases(family, options, cycle=result.examples - len(stopped)), label="case")
+        case = data.draw(family_cases(family, options, cycle=len(generated) - len(stopped), paths=paths), label="case")
         if stopped:
             raise _Stop
+        generated.append(1)
+        index = len(generated)
+        if example is not None and index != example:
+            return  # drawn only: the generation up to ``example`` is a full run's
         result.examples += 1
-        outcome = run_case(factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s, coverage=coverage)
+        outcome = run_case(
+            factory, case, tensor_mode=tensor_mode, timeout_s=timeout_s, coverage=coverage, reached=reached
+        )
         if not outcome.ok:
             result.failures += 1
             result.caught_by.append(outcome.caught_by or "?")
             if result.first_failure is None:
                 result.first_failure = f"{outcome.caught_by}: {outcome.message}\n  example: {case.describe()}"
-                result.first_failure_example = result.examples
+                result.first_failure_example = index
+                result.repro = repro_command(name, family, tensor_mode, seed, example=index, options=options)
             if stop_at_first_failure:
                 stopped.append(True)
                 raise _Stop
         if on_example is not None:
             on_example(result)
+        if example is not None:
+            stopped.append(True)
+            raise _Stop
 
     with contextlib.suppress(_Stop):
         explore()
     _judge_coverage(result, coverage)
+    judge = not stop_at_first_failure if judge_axes is None else judge_axes
+    if judge and example is None and not stopped:
+        _judge_axes(result, reached, required_axes(family, AXES[family], paths), cycle_length(family, paths))
+    else:
+        result.axes_reached = reached.as_dict()
+    if result.failures and result.repro is None:  # a failure of the whole family: rerun the whole family
+        result.repro = repro_command(name, family, tensor_mode, seed, examples=result.examples, options=options)
     result.seconds = time.perf_counter() - start
     result.cpu_seconds = time.process_time() - cpu_start
     return result
+
+
+def _importable_name(factory: Factory) -> str | None:
+    """``module:qualname`` when that finds ``factory`` again in a new process (``backend_registry.load_factory``)."""
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        return None
+    return f"{module}:{qualname}"
+
+
+def repro_command(
+    backend: str | None,
+    family: str,
+    tensor_mode: str,
+    seed: int,
+    *,
+    example: int | None = None,
+    examples: int | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> str:
+    """The one-line ``specdec matrix`` command that reruns one failing example (or a whole family)."""
+    which = f"--example {example}" if example is not None else f"--examples {examples}"
+    command = (
+        f"specdec matrix -b {shlex.quote(backend or '<module:factory>')} --families {family} "
+        f"--tensor-modes {tensor_mode} --seed {seed} {which} --workers 1"
+    )
+    if backend is None:
+        command += "  # your factory is not importable by name: pass it as module:factory"
+    if options:
+        command += f"  # plus the fixed backend options {dict(options)} (run_family(..., options=...))"
+    return command
+
+
+def _judge_axes(result: FamilyResult, reached: AxesReached, required: dict[str, set[Any]], cycle: int) -> None:
+    """Record what the family reached; fail it where a whole cycle of examples missed a named axis value."""
+    result.axes_reached = reached.as_dict()
+    result.axes_judged = result.examples >= cycle
+    if not result.axes_judged:
+        return
+    result.axes_missing = reached.missing(required)
+    if not result.axes_missing:
+        return
+    result.failures += 1
+    result.caught_by.append(AXES_UNREACHED)
+    if result.first_failure is None:
+        missing = "; ".join(f"axis {axis!r} never reached {values}" for axis, values in result.axes_missing.items())
+        result.first_failure = (
+            f"{AXES_UNREACHED}: over {result.examples} examples (a full cycle is {cycle}) {missing}. The generated "
+            "configurations did not take these code paths, so a pass says nothing about them: check that the "
+            "backend accepts the options and that its runs reach the model length and preempt as configured"
+        )
 
 
 def _judge_coverage(result: FamilyResult, coverage: ForwardCoverage) -> None:

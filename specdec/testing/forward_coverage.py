@@ -23,6 +23,7 @@ from contracts.tally import EvaluationTally
 from specdec.draft_step_kinds import DRAFT_STEP_KINDS
 from specdec.nn.transformer import Transformer
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+from specdec.testing.axes import BoundaryWatch
 
 UNCHECKED_FORWARDS = "unchecked-forwards"
 """What a family that checked none of a backend's draft forwards was caught by (in place of an invariant ID)."""
@@ -42,6 +43,8 @@ class ObservedSpeculator:
         """The engine's ``propose`` and ``finish`` calls, in order (only with ``record_calls``)."""
         self.rank = 0
         self.ctx: DraftContext | None = None
+        self.watch = BoundaryWatch()
+        """What the engine ran into on this rank (``axes``): drafts into ``max_model_len``, preemptions, ..."""
 
     def __getattr__(self, attr: str) -> Any:
         """Anything else a caller reads is the backend's own."""
@@ -57,11 +60,13 @@ class ObservedSpeculator:
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
         if self.record_calls:
             self.events.append(("propose", step))
+        self.watch.propose(step, ctx, self.num_spec_tokens)
         return self.inner.propose(step, ctx)
 
     def finish(self, req_id: str) -> None:
         if self.record_calls:
             self.events.append(("finish", req_id))
+        self.watch.finish(req_id)
         self.inner.finish(req_id)
 
 

@@ -53,7 +53,7 @@ def _init_worker(queue: Any) -> None:
     _progress = queue
 
 
-def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int) -> FamilyResult:
+def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int, example: int | None) -> FamilyResult:
     """One (backend, family, tensor mode) cell in a worker process; progress goes back through the queue."""
     key = (backend, family, mode)
     last = [0.0]
@@ -64,7 +64,16 @@ def _run_cell(backend: str, family: str, mode: str, examples: int, seed: int) ->
             last[0] = now
             _progress.put((key, r.examples))
 
-    return run_family(factory_for(backend), family, examples=examples, tensor_mode=mode, seed=seed, on_example=report)
+    return run_family(
+        factory_for(backend),
+        family,
+        examples=examples,
+        tensor_mode=mode,
+        seed=seed,
+        on_example=report,
+        example=example,
+        backend=backend,
+    )
 
 
 def run_matrix(
@@ -76,14 +85,18 @@ def run_matrix(
     seed: int,
     console: Console,
     workers: int,
+    example: int | None = None,
 ) -> list[tuple[ConformanceReport, float]]:
     """Every (backend, tensor mode, family) cell, cells of one backend spread over ``workers`` processes.
 
     Rank threads of one run share the GIL, so processes are what use a
     second core; each backend's wall time is measured over its own cells.
+    ``example`` runs only that generated example of each cell (a failure's repro).
     """
     if workers <= 1:
-        return _run_matrix_here(backends, families=families, examples=examples, tensor_modes=tensor_modes, seed=seed)
+        return _run_matrix_here(
+            backends, families=families, examples=examples, tensor_modes=tensor_modes, seed=seed, example=example
+        )
     reports: list[tuple[ConformanceReport, float]] = []
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -109,7 +122,7 @@ def run_matrix(
             start = time.perf_counter()
             # The longest cells first (fake-cuda replays, then many-rank families), so no worker idles at the end.
             order = sorted(cells, key=lambda c: (c[1] != "fake-cuda", c[0] not in _SLOW))
-            futures = [pool.submit(_run_cell, backend, f, m, examples, seed) for f, m in order]
+            futures = [pool.submit(_run_cell, backend, f, m, examples, seed, example) for f, m in order]
             pending = set(futures)
             while pending:
                 # Only the unfinished ones: waiting on a finished future returns at once (a busy loop on a core).
@@ -126,7 +139,13 @@ def run_matrix(
 
 
 def _run_matrix_here(
-    backends: Sequence[str], *, families: Sequence[str], examples: int, tensor_modes: Sequence[str], seed: int
+    backends: Sequence[str],
+    *,
+    families: Sequence[str],
+    examples: int,
+    tensor_modes: Sequence[str],
+    seed: int,
+    example: int | None = None,
 ) -> list[tuple[ConformanceReport, float]]:
     """The one-worker matrix, in this process (no pool to start: tests and debugging)."""
     import torch
@@ -140,7 +159,15 @@ def _run_matrix_here(
                 factory = factory_for(backend)
                 start = time.perf_counter()
                 results = [
-                    run_family(factory, family, examples=examples, tensor_mode=mode, seed=seed)
+                    run_family(
+                        factory,
+                        family,
+                        examples=examples,
+                        tensor_mode=mode,
+                        seed=seed,
+                        example=example,
+                        backend=backend,
+                    )
                     for family, mode in _cells(factory, families, tensor_modes)
                 ]
                 reports.append((ConformanceReport(backend, results), time.perf_counter() - start))
@@ -189,6 +216,25 @@ def render(reports: Sequence[tuple[ConformanceReport, float]], families: Sequenc
     return table
 
 
+def axes_table(report: ConformanceReport) -> Table:
+    """What each family of a backend reached, per tensor mode: the evidence behind a pass (``axes``)."""
+    table = Table(title=f"{report.backend}: axes reached (a full cycle of examples must reach every named value)")
+    table.add_column("family")
+    table.add_column("mode")
+    table.add_column("axes reached", overflow="fold")
+    table.add_column("never reached", overflow="fold")
+    for r in report.results:
+        if r.skipped:
+            continue
+        reached = "; ".join(f"{axis}={values}" for axis, values in r.axes_reached.items())
+        if r.axes_missing:
+            missing = "[red]" + "; ".join(f"{axis}={values}" for axis, values in r.axes_missing.items()) + "[/red]"
+        else:
+            missing = "-" if r.axes_judged else f"[dim]not judged: {r.examples} examples, under a full cycle[/dim]"
+        table.add_row(r.family, r.tensor_mode, reached, missing)
+    return table
+
+
 def junit_xml(reports: Sequence[tuple[ConformanceReport, float]]) -> str:
     """One testsuite per backend, one testcase per (family, tensor mode)."""
     root = ElementTree.Element("testsuites", name="specdec matrix")
@@ -217,6 +263,7 @@ def junit_xml(reports: Sequence[tuple[ConformanceReport, float]]) -> str:
                 [
                     ElementTree.Element("property", name="examples", value=str(r.examples)),
                     ElementTree.Element("property", name="draft_forward_evaluations", value=str(checked)),
+                    ElementTree.Element("property", name="axes_reached", value=json.dumps(r.axes_reached)),
                 ]
             )
             if r.skipped:
@@ -225,7 +272,7 @@ def junit_xml(reports: Sequence[tuple[ConformanceReport, float]]) -> str:
                 failure = ElementTree.SubElement(
                     case, "failure", message=f"{r.failures}/{r.examples} failed: {sorted(set(r.caught_by))}"
                 )
-                failure.text = r.first_failure
+                failure.text = f"{r.first_failure}\nreproduce: {r.repro}" if r.repro else r.first_failure
     return ElementTree.tostring(root, encoding="unicode")
 
 
@@ -239,6 +286,7 @@ def main(
     json_path: str | None = None,
     junit_path: str | None = None,
     workers: int | None = None,
+    example: int | None = None,
 ) -> int:
     console = Console(width=max(Console().width, 140))  # tables stay readable in logs (no tty: 80 columns)
     chosen = list(backends) if backends else [b for b in BUILT_IN if b in available_backends()]
@@ -249,12 +297,22 @@ def main(
             f"[red]unknown families or tensor modes {unknown}; families {sorted(FAMILIES)}, modes {TENSOR_MODES}"
         )
         return 2
-    if examples < 1 or (workers is not None and workers < 1):
-        console.print(f"[red]--examples and --workers must be at least 1 (got {examples} and {workers})")
+    if examples < 1 or (workers is not None and workers < 1) or (example is not None and example < 1):
+        console.print(
+            f"[red]--examples, --example and --workers must be at least 1 (got {examples}, {example} and {workers})"
+        )
         return 2
+    examples = example or examples
     workers = workers or os.cpu_count() or 1
     reports = run_matrix(
-        chosen, families=fams, examples=examples, tensor_modes=tensor_modes, seed=seed, console=console, workers=workers
+        chosen,
+        families=fams,
+        examples=examples,
+        tensor_modes=tensor_modes,
+        seed=seed,
+        console=console,
+        workers=workers,
+        example=example,
     )
     console.print(render(reports, fams))
     for report, seconds in reports:
@@ -270,8 +328,11 @@ def main(
             if r.first_failure:
                 at = f"example {r.first_failure_example}" if r.first_failure_example is not None else "whole family"
                 console.print(f"  [red]{r.family}[{r.tensor_mode}][/red] first failure ({at}): {r.first_failure}")
+                console.print(f"    reproduce: {r.repro}", markup=False, highlight=False, soft_wrap=True)
+        console.print(axes_table(report))
     payload: dict[str, Any] = {
         "seed": seed,
+        "example": example,
         "examples_per_family": examples,
         "workers": workers,
         "backends": [report.as_dict() | {"seconds": seconds} for report, seconds in reports],

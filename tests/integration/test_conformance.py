@@ -278,8 +278,8 @@ def test_run_family_cycles_through_every_axis_value(family: str) -> None:
     collect()
     runs = [c.run for c in seen]
     if family == "dp":
-        assert [(r.dp_size) for r in runs] == [dp for dp, _ in AXES["dp"]]
-        for (dp, layout), r in zip(AXES["dp"], runs, strict=True):
+        assert [(r.dp_size) for r in runs] == [dp for dp, _, _ in AXES["dp"]]
+        for (dp, layout, _), r in zip(AXES["dp"], runs, strict=True):
             counts = [len(rank) for rank in r.requests]
             assert counts[0] >= 1
             if dp > 1 and layout == "idle":
@@ -298,7 +298,8 @@ def test_run_family_cycles_through_every_axis_value(family: str) -> None:
     if family == "sampling":
         assert not seen[AXES[family].index("sampled")].run.requests[0][0].params.greedy
     if family == "capacity":
-        assert [c.options["capacity"] for c in seen] == list(AXES["capacity"])
+        assert [c.options["capacity"] for c in seen] == ["threshold", "budget", "budget", "full"]
+        assert ["c0" in c.options for c in seen] == [False, True, False, False]  # the budget measures its own cost
 
 
 def test_plain_reference_reuses_continuations_and_matches_plain_decoding() -> None:
