@@ -69,7 +69,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     subject=Subject.BATCH,
     step_kinds=FORWARDS,
     likely_cause="a metadata tensor was built on the host (or left on the meta device) instead of the model's device, "
-    "or a host mirror was moved to the device (each read of it would then be a hidden sync)",
+    "or a host mirror was moved to the device (each read of it would then be a hidden sync); fix: build every "
+    "metadata tensor with device=input_ids.device (the target step's device) and keep only the *_cpu mirrors on "
+    "the host",
     accepts="meta stand-ins for input_ids and positions where a metadata builder checks metadata it was given "
     "without the model inputs",
 )

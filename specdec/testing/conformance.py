@@ -78,6 +78,7 @@ from specdec.testing.dp_run import (
 )
 from specdec.testing.forced_acceptance import ForcedAcceptance
 from specdec.testing.forward_coverage import UNCHECKED_FORWARDS, ForwardCoverage, ObservedSpeculator
+from specdec.testing.hidden_sync import naming_hidden_syncs
 from specdec.testing.host_copies import HostCopiesOfMeta
 from specdec.testing.meta_memo import MetaMemo
 
@@ -292,6 +293,7 @@ def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[st
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            stack.enter_context(naming_hidden_syncs())  # a data-dependent op: "hidden device sync at FILE:LINE"
 
             def move(t: torch.Tensor) -> torch.Tensor:
                 return mode.from_tensor(t).to("cuda")
