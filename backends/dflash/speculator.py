@@ -127,6 +127,12 @@ class DFlashSpeculator(DraftCacheOwner):
 
     def bind(self, target: Transformer, ctx: DraftContext) -> None:
         del target
+        if ctx.max_model_len < self.query_width:
+            # A block at the model's end is clamped to max_model_len keys; fewer keys than queries is no valid attention.
+            raise ValueError(
+                f"{self.name} drafts blocks of {self.query_width} queries, which max_model_len={ctx.max_model_len} "
+                f"cannot hold; use max_model_len >= {self.query_width} or fewer num_spec_tokens"
+            )
         self._kv = ctx.new_cache("dflash")  # context only: block K/V are never cached, so no lookahead
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
 

@@ -461,12 +461,12 @@ def _boundary_engine(
     """``_engine``'s pool and model length for a ``dp`` example's boundary (see ``BOUNDARIES``).
 
     ``max-model-len``: two tokens past the longest prompt, so that request's first drafts (K >= 2) already reach
-    the model length. ``preempt``: the fewest blocks the scheduler admits the largest request with, so rank 0's
+    the model length, and at least K + 2, so a block drafter's K + 1 queries fit the model (bind refuses less). ``preempt``: the fewest blocks the scheduler admits the largest request with, so rank 0's
     two long requests cannot both fit and one is preempted while the other speculates.
     """
     prompts = [len(r.prompt) for rank in requests for r in rank]
     if boundary == "max-model-len":
-        return {"max_model_len": max(prompts) + 2}
+        return {"max_model_len": max(max(prompts) + 2, k + 2)}
     if boundary == "preempt":
         longest = max(min(len(r.prompt) + r.max_tokens + k + 1, 48) for rank in requests for r in rank)
         return {"num_blocks": blocks_for(longest, block_size)}

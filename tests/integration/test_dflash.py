@@ -236,3 +236,16 @@ def test_dflash_sampling_follows_the_target_distribution(argmax: bool) -> None:
     counts = sample_engine(make, params, seed=1234)  # type: ignore[arg-type]
     assert sum(counts.values()) == 1600
     assert p_value(counts, exact_joint(params)) > ALPHA
+
+
+@pytest.mark.parametrize("backend", ["dflash", "dspark"])
+def test_a_model_too_short_for_one_block_is_refused_at_bind(backend: str) -> None:
+    # At the model's end a block is clamped to max_model_len keys: fewer keys than queries is no valid attention
+    # (PAD-2 caught the block the matrix built for max_model_len 3 and K = 3 before bind refused it).
+    target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0)
+    speculator = create(backend, target, num_spec_tokens=3)
+    width = speculator.query_width  # type: ignore[attr-defined]
+    config = EngineConfig(num_blocks=16, block_size=4, scheduler=SchedulerConfig(max_model_len=width - 1))
+    with pytest.raises(ValueError, match=f"drafts blocks of {width} queries, which max_model_len={width - 1}"):
+        Engine(target, config, speculator=speculator)
+    Engine(target, dataclasses.replace(config, scheduler=SchedulerConfig(max_model_len=width)), speculator=speculator)
