@@ -114,5 +114,9 @@ def test_a_nan_drafter_weight_under_sampling_is_named() -> None:
     spec = _eagle()
     with torch.no_grad():
         dict(spec.network.named_parameters())["layer.mlp.down_proj.weight"][0, 0] = float("nan")
-    with contracts.enforce("full"), pytest.raises(InvalidDistributionError, match="rows are not probability"):
+    # In full, VER-8 names it at the draft forward, before the drafter samples; off, sampling refuses the rows.
+    with contracts.enforce("full"), pytest.raises(ContractViolation, match=r"\[VER-8\]") as caught:
+        _run(_engine(spec), SAMPLED)
+    assert caught.value.invariant_id == "VER-8" and "backend eagle" in str(caught.value)
+    with contracts.enforce("off"), pytest.raises(InvalidDistributionError, match="rows are not probability"):
         _run(_engine(spec), SAMPLED)
