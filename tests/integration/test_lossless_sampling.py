@@ -128,9 +128,9 @@ def test_plain_sampling_passes_and_a_biased_verifier_fails(monkeypatch: pytest.M
     real = verifier._verify_sampled
 
     def always_accept(*args, **kwargs):  # type: ignore[no-untyped-def]
-        _, recovered = real(*args, **kwargs)
+        _, recovered, recovery = real(*args, **kwargs)
         valid = args[2]
-        return valid.long().sum(dim=1), recovered
+        return valid.long().sum(dim=1), recovered, recovery
 
     monkeypatch.setattr(verifier, "_verify_sampled", always_accept)
     assert p_value(sample_engine(probabilistic, params, seed=1234), joint) < ALPHA
