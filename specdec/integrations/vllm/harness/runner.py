@@ -348,6 +348,10 @@ class Runner:
         )
         qsl = spec.input_buffers.query_start_loc
         qsl.copy_((torch.clamp(torch.arange(qsl.shape[0]), max=num_reqs) * q).to(qsl.dtype))
+        # What ``prepare_dflash_inputs``'s kernel also writes: each real request's context + block length (every
+        # request sits at position 99 - q here, within seq_lens_cpu_upper_bound), 0 for the padded requests.
+        spec.input_buffers.seq_lens.zero_()
+        spec.input_buffers.seq_lens[:num_reqs] = 100
         target_sync = None
         if layout.fixed and scenario.source == "dispatch":
             target_sync = self._target_sync(scenario, rank, num_reqs)
