@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from jaxtyping import Int
@@ -29,6 +30,7 @@ from specdec.attn_metadata import ScheduledRequest, build_positions, build_targe
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
+from specdec.draft_length import DraftLengthPolicy
 from specdec.kv_cache import KVCacheManager
 from specdec.metrics import RunMetrics
 from specdec.nn.transformer import ModelOutput, Transformer
@@ -54,6 +56,15 @@ class EngineConfig:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
+    draft_length: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: every drafting request drafts K tokens each step (the drafter may propose fewer).
+    ``adaptive``: each step's draft length per request is chosen from measured step costs and acceptance rates,
+    down to 0 (``specdec.draft_length``): speculation only where it pays. Lossless either way; only ``fixed``
+    keeps seeded sampling reproducible token for token, since ``adaptive`` reads wall-clock timings."""
+
+    def __post_init__(self) -> None:
+        if self.draft_length not in ("fixed", "adaptive"):
+            raise ValueError(f"draft_length must be 'fixed' or 'adaptive', got {self.draft_length!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,8 @@ class _Committed:
     last_valid: list[int] = field(default_factory=list)
     next_tokens: list[int] = field(default_factory=list)
     drafting: list[bool] = field(default_factory=list)
+    max_drafts: list[int] = field(default_factory=list)
+    """Each request's draft budget for the next step (0 where it does not draft)."""
     finished: list[str] = field(default_factory=list)
     committed: dict[str, int] = field(default_factory=dict)
 
@@ -111,7 +124,10 @@ class Engine:
         *,
         speculator: Speculator | None = None,
         dp_group: DPGroup | None = None,
+        draft_policy: DraftLengthPolicy | None = None,
     ) -> None:
+        """``draft_policy``: continue an adaptive policy that earlier engines taught (a server's, kept across
+        engine rebuilds); it needs ``draft_length="adaptive"`` and the speculator's K."""
         self.model = model
         self.config = config or EngineConfig()
         self.dp_group = dp_group
@@ -127,6 +143,17 @@ class Engine:
         self._refusal: Refusal | None = None
         """Set when the engine refuses further steps (a failed step it could not undo, or any under DP)."""
         self.draft_ctx: DraftContext | None = None
+        self.draft_policy: DraftLengthPolicy | None = None
+        if draft_policy is not None:
+            k = speculator.num_spec_tokens if speculator is not None else None
+            if self.config.draft_length != "adaptive" or k != draft_policy.num_spec_tokens:
+                raise ValueError(
+                    f"a draft_policy (K = {draft_policy.num_spec_tokens}) needs draft_length='adaptive' and a "
+                    f"speculator of the same K; got draft_length={self.config.draft_length!r}, K = {k}"
+                )
+            self.draft_policy = draft_policy
+        elif speculator is not None and self.config.draft_length == "adaptive":
+            self.draft_policy = DraftLengthPolicy(speculator.num_spec_tokens)
         if speculator is not None:
             self.draft_ctx = DraftContext(
                 backend=speculator.name,
@@ -192,6 +219,8 @@ class Engine:
         self.scheduler.abort(req)
         if self.speculator is not None:
             self.speculator.finish(req_id)
+        if self.draft_policy is not None:
+            self.draft_policy.forget(req_id)
         if self.draft_ctx is not None:
             self.draft_ctx.release([req_id])
         req.finish_reason = FinishReason.ABORTED
@@ -266,6 +295,8 @@ class Engine:
         for req_id in preempted:
             if self.speculator is not None:
                 self.speculator.finish(req_id)
+            if self.draft_policy is not None:
+                self.draft_policy.forget(req_id)
         if self.draft_ctx is not None:
             self.draft_ctx.release(preempted)
         return items
@@ -335,6 +366,8 @@ class Engine:
                 emitted[r] = req.output[before:]  # what reaches the output: cut at a stop token or max_tokens
                 if verified:  # tau counts only tokens that reached the output, not those cut after a stop
                     req.metrics.record(it.num_drafts, a, len(emitted[r]))
+                    if self.draft_policy is not None:
+                        self.draft_policy.record_verification(req.req_id, it.num_drafts, a)
                 out.next_tokens.append(req.tokens[-1])
             else:
                 req.num_computed += len(it.query_tokens)
@@ -349,7 +382,21 @@ class Engine:
                 out.drafting.append(samples)
                 out.committed[req.req_id] = req.num_computed
         self.kv.check(committed_lengths=out.committed)
+        self._budget_drafts(batch, out)
         return out
+
+    def _budget_drafts(self, batch: _Batch, out: _Committed) -> None:
+        """Each drafting request's draft length for the next step: K, or the adaptive policy's choice (0 = none)."""
+        k = self.speculator.num_spec_tokens if self.speculator is not None else 0
+        if self.draft_policy is None:
+            out.max_drafts = [k if d else 0 for d in out.drafting]
+            return
+        ids = [it.request.req_id for it, d in zip(batch.items, out.drafting, strict=True) if d]
+        lengths = self.draft_policy.choose(ids, base_rows=len(ids)) if ids else {}
+        out.max_drafts = [
+            lengths.get(it.request.req_id, 0) if d else 0 for it, d in zip(batch.items, out.drafting, strict=True)
+        ]
+        out.drafting = [n > 0 for n in out.max_drafts]
 
     def _propose(self, batch: _Batch, target: _TargetForward, commit: _Committed) -> None:
         """Next step's drafts: draft caches opened for this step, the speculator's proposal, the caches committed."""
@@ -358,7 +405,7 @@ class Engine:
         running = {r.req_id: r.num_computed for r in self.scheduler.running if r.finish_reason is None}
         proposal = self.draft_ctx.propose(self.speculator, step, running=running)
         check_proposal(proposal, step, self.speculator)
-        self._store_drafts(batch.items, proposal)
+        self._store_drafts(batch.items, proposal, commit.max_drafts)
 
     def _target_step(self, batch: _Batch, target: _TargetForward, commit: _Committed) -> TargetStep:
         qsl = batch.query_start
@@ -377,6 +424,7 @@ class Engine:
             base_positions=tuple(host_positions),
             next_token_ids=tuple(commit.next_tokens),
             drafting=tuple(commit.drafting),
+            max_drafts=tuple(commit.max_drafts),
             params=tuple(req.params for req in requests),
             committed_lengths=commit.committed,
             # A finished request's count may run past a stop token it was cut at: its history is all its tokens.
@@ -391,6 +439,8 @@ class Engine:
             self.scheduler.finish(req)
             if self.speculator is not None:
                 self.speculator.finish(req_id)
+            if self.draft_policy is not None:
+                self.draft_policy.forget(req_id)
         # Nothing below calls out of the engine: only an interrupt can land here, and it is undone like any failure.
         for req in finished.values():
             self.metrics.add_request(req)
@@ -403,6 +453,11 @@ class Engine:
             del self.requests[req_id]
         if self.draft_ctx is not None:
             self.draft_ctx.step_timings.append((batch.num_tokens, elapsed))
+        if self.draft_policy is not None:
+            prefill = any(len(it.query_tokens) != 1 + it.num_drafts for it in batch.items)
+            self.draft_policy.record_step(
+                rows=batch.num_tokens, max_draft=max(commit.max_drafts, default=0), seconds=elapsed, prefill=prefill
+            )
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
         return StepResult(all_idle=False, emitted=by_id, finished=finished)
 
@@ -490,10 +545,11 @@ class Engine:
                 req.status = RequestStatus.FINISHED
                 return
 
-    def _store_drafts(self, items: list[ScheduledItem], proposal: Proposal) -> None:
+    def _store_drafts(self, items: list[ScheduledItem], proposal: Proposal, budget: list[int]) -> None:
+        """Keep each request's drafts, cut to its budget: verifying a prefix of a draft sequence is still lossless."""
         ids = proposal.draft_token_ids.tolist()
         for r, it in enumerate(items):
-            n = proposal.num_drafts[r]
+            n = min(proposal.num_drafts[r], budget[r])
             if n and it.request.finish_reason is None:
                 it.request.drafts = ids[r][:n]
                 it.request.draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[r, :n]

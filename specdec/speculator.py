@@ -81,6 +81,16 @@ class TargetStep:
     query_token_ids: tuple[tuple[int, ...], ...] = ()
     """Each request's query tokens on the host, as the scheduler built them (``input_ids`` holds the same on
     the device): a drafter that needs token values (prompt lookup) reads them here without a device sync."""
+    max_drafts: tuple[int, ...] = ()
+    """Each request's draft budget for the next step (the engine's draft-length policy; 0 where ``drafting`` is
+    False). The engine verifies at most this many of a request's drafts, so a drafter may stop early to save
+    work; ``()`` means K for every drafting request."""
+
+    def draft_budget(self, r: int, num_spec_tokens: int) -> int:
+        """Request ``r``'s draft budget: how many of its drafts (at most K) the engine will verify."""
+        if not self.drafting[r]:
+            return 0
+        return min(self.max_drafts[r], num_spec_tokens) if self.max_drafts else num_spec_tokens
 
     @property
     def num_reqs(self) -> int:

@@ -96,12 +96,15 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             first = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
             features, decode_steps, column_offset = None, k, 0
 
+        if ctx.dp_group is None:  # under DP every rank runs the same decode steps, whatever its own budgets
+            longest = max((step.draft_budget(r, k) for r in drafting), default=0)
+            decode_steps = max(0, min(decode_steps, longest - column_offset))
         if decode_steps:
             self._decode(
                 step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs, source
             )
         all_greedy = self.argmax_drafts or all(step.params[r].greedy for r in drafting)
-        num_drafts = tuple(k if step.drafting[r] else 0 for r in range(step.num_reqs))
+        num_drafts = tuple(step.draft_budget(r, k) for r in range(step.num_reqs))
         return Proposal(
             draft_token_ids=tokens,
             num_drafts=num_drafts,

@@ -155,7 +155,7 @@ class DFlashSpeculator(DraftCacheOwner):
         tokens[drafting] = drawn.view(m, k)
         all_greedy = self.argmax_drafts or all(p.greedy for p in params)
         probs = source = None
-        num_drafts = tuple(k if d else 0 for d in step.drafting)
+        num_drafts = tuple(step.draft_budget(r, k) for r in range(step.num_reqs))
         if not all_greedy:
             probs = torch.zeros((step.num_reqs, k, vocab), device=device)
             probs[drafting] = drawn_probs.view(m, k, vocab)

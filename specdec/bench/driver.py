@@ -213,7 +213,14 @@ def run_bench(
     }
     runners: list[Runner] = [EngineRunner(PLAIN, target)]
     for drafter in drafters.values():
-        runners.append(EngineRunner(drafter.name, target, lambda d=drafter: d.build(target)))  # type: ignore[misc]
+        runners.append(
+            EngineRunner(
+                drafter.name,
+                target,
+                lambda d=drafter: d.build(target),  # type: ignore[misc]
+                draft_length=options.draft_length,
+            )
+        )
     peers = [r for r in (peer, peer_lookup) if r is not None]
     runners += peers
     records: list[RunRecord] = []

@@ -42,6 +42,8 @@ class BenchOptions:
     contract_backend: str | None = None
     contract_prompts: int = 2
     peer: bool = True
+    draft_length: str = "adaptive"
+    """The backends' draft length per step: ``adaptive`` (the engine's cost-model policy) or ``fixed`` (always K)."""
     prompt_lookup: int = 10
     """transformers' own speculative peer: ``generate(prompt_lookup_num_tokens=N)`` beside its plain generate; 0: off."""
     seed: int = 0
@@ -67,6 +69,7 @@ class BenchOptions:
             "groups": self.groups >= (1 if self.group_size in self.batch_sizes and self.group_size != 1 else 0),
             "contract_prompts": self.contract_prompts >= 0,
             "prompt_lookup": self.prompt_lookup >= 0,
+            "draft_length": self.draft_length in ("fixed", "adaptive"),
             "threads": self.threads is None or self.threads >= 1,
             "temperatures": bool(self.temperatures) and all(t >= 0 for t in self.temperatures),
         }
@@ -134,6 +137,7 @@ class BenchOptions:
         ]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
+        args += ["--draft-length", self.draft_length]
         if self.contract_backend is not None:
             args += ["--contract-backend", self.contract_backend]
         if not self.peer:
@@ -200,6 +204,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also time transformers generate (batch 1, greedy) in a subprocess",
     )
     p.add_argument(
+        "--draft-length",
+        choices=["adaptive", "fixed"],
+        default=BenchOptions.draft_length,
+        help="backends draft an adaptive length per request and step (the engine's cost model; 0 = plain) or "
+        f"always K (default: {BenchOptions.draft_length})",
+    )
+    p.add_argument(
         "--prompt-lookup",
         type=int,
         default=BenchOptions.prompt_lookup,
@@ -235,6 +246,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "contract_backend": args.contract_backend,
         "peer": args.peer,
         "prompt_lookup": args.prompt_lookup,
+        "draft_length": args.draft_length,
         "seed": args.seed,
     }
     for name in ("max_tokens", "singles", "group_size", "groups", "repeats", "contract_prompts"):

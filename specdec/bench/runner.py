@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec.bench.suites import Batch
+from specdec.draft_length import DraftLengthPolicy
 from specdec.engine import Engine, EngineConfig
 from specdec.metrics import SpeculationCounters
 from specdec.nn.transformer import Transformer
@@ -107,7 +108,12 @@ class Runner(Protocol):
 
 
 def batch_engine(
-    target: Transformer, prompt_lens: Sequence[int], max_tokens: int, speculator: Speculator | None, seed: int
+    target: Transformer,
+    prompt_lens: Sequence[int],
+    max_tokens: int,
+    speculator: Speculator | None,
+    seed: int,
+    draft_policy: DraftLengthPolicy | None = None,
 ) -> Engine:
     """An engine with KV room for every request of the batch at once (no preemption) and a one-step prefill."""
     block_size = 16
@@ -119,27 +125,48 @@ def batch_engine(
     blocks = sum(-(-min(n + max_tokens + headroom, limit) // block_size) + 1 for n in prompt_lens)
     budget = max(2048, sum(prompt_lens) + len(prompt_lens) * headroom)
     scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=len(prompt_lens), max_model_len=limit)
-    config = EngineConfig(num_blocks=blocks + 1, block_size=block_size, seed=seed, scheduler=scheduler)
-    return Engine(target, config, speculator=speculator)
+    adaptive = draft_policy is not None and speculator is not None
+    config = EngineConfig(
+        num_blocks=blocks + 1,
+        block_size=block_size,
+        seed=seed,
+        scheduler=scheduler,
+        draft_length="adaptive" if adaptive else "fixed",
+    )
+    return Engine(target, config, speculator=speculator, draft_policy=draft_policy if adaptive else None)
 
 
 class EngineRunner:
     """The project's engine; ``make_speculator`` builds a fresh drafter per run (``None``: plain decoding)."""
 
     def __init__(
-        self, name: str, target: Transformer, make_speculator: Callable[[], Speculator | None] = lambda: None
+        self,
+        name: str,
+        target: Transformer,
+        make_speculator: Callable[[], Speculator | None] = lambda: None,
+        *,
+        draft_length: str = "fixed",
     ) -> None:
         self.name = name
         self.target = target
         self.make_speculator = make_speculator
+        self.draft_length = draft_length
+        self.policies: dict[tuple[int, float], DraftLengthPolicy] = {}
+        """``adaptive``: one policy per (batch size, temperature), kept across this runner's runs as a server
+        keeps it across requests; each run's fresh engine continues it."""
 
     def supports(self, batch_size: int, spec: RunSpec) -> bool:
         del batch_size, spec
         return True
 
     def run(self, batch: Batch, spec: RunSpec, repeat: int) -> RunRecord:
+        speculator = self.make_speculator()
+        policy = None
+        if self.draft_length == "adaptive" and speculator is not None:
+            key = (len(batch.prompts), spec.temperature)
+            policy = self.policies.setdefault(key, DraftLengthPolicy(speculator.num_spec_tokens))
         engine = batch_engine(
-            self.target, [len(p.ids) for p in batch.prompts], spec.max_tokens, self.make_speculator(), spec.seed
+            self.target, [len(p.ids) for p in batch.prompts], spec.max_tokens, speculator, spec.seed, policy
         )
         params = SamplingParams(temperature=spec.temperature)
         requests = [

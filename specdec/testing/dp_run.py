@@ -245,5 +245,6 @@ def dp_run_specs(draw: st.DrawFn, model: ModelConfig, dp_sizes: tuple[int, ...] 
         block_size=draw(st.sampled_from([2, 4, 8])),
         capture=CaptureConfig(mode=mode, capture_sizes=sizes),
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64),
+        draft_length=draw(st.sampled_from(["fixed", "adaptive"])),
     )
     return DPRunSpec(model, draw(st.integers(0, 3)), engine, tuple(ranks), None)

@@ -1,0 +1,183 @@
+"""How many tokens each request drafts next step: as many as pay for themselves, down to none.
+
+A draft is worth its cost only if it is likely to be accepted: draft j of a
+request adds one output token exactly when it and every draft before it are
+accepted, with chance ``a_1 · ... · a_j`` (``a_i``: the acceptance rate at
+position i given the ones before were accepted). The step's cost grows with
+every verify row and with the proposal (``specdec.step_cost``). The policy
+picks, for the whole batch, the set of drafts that maximises expected output
+tokens per second, which may be every request at K (a drafter that agrees
+with the target), a few at short lengths, or none at all: then the step is
+plain decoding, and the drafter only takes in the new context.
+
+Acceptance rates are counted from verification outcomes: pooled over the
+engine, with each request's own counts pulling its estimate away from the
+pool as they accumulate. A request at 0 drafts is probed with one draft now
+and then, so an estimate that fell too low can recover.
+
+The choice depends only on past outcomes and timings, never on the drafts it
+limits, so verification stays lossless. It does depend on wall-clock timings,
+so seeded sampling under this policy is exact in distribution but not
+reproducible token for token; ``fixed`` draft length is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from specdec.step_cost import StepCost, StepCostModel
+
+CALIBRATION = (1.0, 0.0, 0.5, 1.0, 0.25, 0.0, 0.75, 1.0)
+"""Draft lengths of the first steps, as shares of K (rounded up): varied so the cost model can be fitted."""
+
+
+@dataclass
+class _Counts:
+    """Per-position trials and acceptances (position j: draft j was verified after drafts 1..j-1 were accepted)."""
+
+    trials: list[float]
+    accepted: list[float]
+
+    @classmethod
+    def empty(cls, k: int) -> _Counts:
+        return cls([0.0] * k, [0.0] * k)
+
+    def add(self, num_drafts: int, num_accepted: int, decay: float = 1.0) -> None:
+        if decay != 1.0:
+            self.trials = [t * decay for t in self.trials]
+            self.accepted = [a * decay for a in self.accepted]
+        for j in range(min(num_accepted + 1, num_drafts)):
+            self.trials[j] += 1.0
+            if j < num_accepted:
+                self.accepted[j] += 1.0
+
+
+@dataclass
+class AcceptanceRates:
+    """Conditional acceptance by position: pooled over requests, and shrunk per request toward the pool."""
+
+    num_spec_tokens: int
+    pool_decay: float = 0.995
+    """Each new outcome discounts the pool's older ones, so a change of workload shows within a few hundred steps."""
+    request_weight: float = 4.0
+    """How many of a request's own trials weigh as much as the pool's estimate."""
+    _pool: _Counts = field(init=False)
+    _requests: dict[str, _Counts] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._pool = _Counts.empty(self.num_spec_tokens)
+
+    def record(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        if not 0 <= num_accepted <= num_drafts <= self.num_spec_tokens:
+            raise ValueError(
+                f"request {req_id!r}: {num_accepted} accepted of {num_drafts} drafts, K = {self.num_spec_tokens}"
+            )
+        if num_drafts == 0:
+            return
+        self._pool.add(num_drafts, num_accepted, self.pool_decay)
+        self._requests.setdefault(req_id, _Counts.empty(self.num_spec_tokens)).add(num_drafts, num_accepted)
+
+    def forget(self, req_id: str) -> None:
+        self._requests.pop(req_id, None)
+
+    def pooled(self) -> list[float]:
+        """Pooled rate per position, with one prior success and one failure (0.5 where nothing was seen)."""
+        p = self._pool
+        return [(a + 1.0) / (t + 2.0) for a, t in zip(p.accepted, p.trials, strict=True)]
+
+    def rates(self, req_id: str) -> list[float]:
+        pool = self.pooled()
+        own = self._requests.get(req_id)
+        if own is None:
+            return pool
+        w = self.request_weight
+        return [(a + w * q) / (t + w) for a, t, q in zip(own.accepted, own.trials, pool, strict=True)]
+
+    def gains(self, req_id: str) -> list[float]:
+        """Expected extra output tokens from draft j: the chance it and every draft before it are accepted."""
+        out, survive = [], 1.0
+        for a in self.rates(req_id):
+            survive *= a
+            out.append(survive)
+        return out
+
+
+def best_draft_lengths(
+    gains: Mapping[str, Sequence[float]], cost: StepCost, *, base_rows: int, num_sampling: int
+) -> dict[str, int]:
+    """Per-request draft lengths maximising expected output tokens per second of the next step.
+
+    ``gains[r][j]`` is what draft j + 1 of request r adds in expectation
+    (non-increasing in j); ``base_rows`` the rows the next step verifies
+    without any draft, ``num_sampling`` how many of its requests emit a token.
+    For each longest length m, the best drafts up to m are taken by gain
+    while they raise the ratio; the best over every m wins, ties to fewer drafts.
+    """
+    best: dict[str, int] = dict.fromkeys(gains, 0)
+    best_rate = num_sampling / cost.seconds(base_rows, 0)
+    k = max((len(g) for g in gains.values()), default=0)
+    for m in range(1, k + 1):
+        # By gain, then position: equal gains never put a request's draft j + 1 before its draft j.
+        ranked = sorted(
+            ((g[j], j + 1, rid) for rid, g in gains.items() for j in range(min(m, len(g)))),
+            key=lambda c: (-c[0], c[1]),
+        )
+        tokens, rows, lengths = float(num_sampling), base_rows, dict.fromkeys(gains, 0)
+        for gain, length, rid in ranked:
+            tokens += gain
+            rows += 1
+            lengths[rid] = max(lengths[rid], length)
+            longest = max(lengths.values())
+            rate = tokens / cost.seconds(rows, longest)
+            if rate > best_rate * (1.0 + 1e-9):
+                best_rate, best = rate, dict(lengths)
+    return best
+
+
+class DraftLengthPolicy:
+    """The engine's per-step choice of each request's draft length (``adaptive``), and what it learns from."""
+
+    def __init__(self, num_spec_tokens: int, *, probe_every: int = 16) -> None:
+        if num_spec_tokens < 1 or probe_every < 1:
+            raise ValueError(f"num_spec_tokens and probe_every must be >= 1, got {num_spec_tokens}, {probe_every}")
+        self.num_spec_tokens = num_spec_tokens
+        self.cost = StepCostModel()
+        self.acceptance = AcceptanceRates(num_spec_tokens)
+        self.probe_every = probe_every
+        self.decisions = 0
+        self._idle: dict[str, int] = {}
+        """Consecutive decisions at 0 drafts, per request: at ``probe_every`` it drafts one token."""
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+        """Draft lengths for the requests that may draft next step (each in 0..K)."""
+        k = self.num_spec_tokens
+        self.decisions += 1
+        cost = self.cost.fitted
+        if cost is None or self.decisions <= len(CALIBRATION):
+            share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
+            length = min(k, int(-(-share * k // 1)))
+            return dict.fromkeys(req_ids, length)
+        gains = {rid: self.acceptance.gains(rid) for rid in req_ids}
+        lengths = best_draft_lengths(gains, cost, base_rows=base_rows, num_sampling=len(req_ids))
+        for rid in req_ids:
+            if lengths[rid]:
+                self._idle[rid] = 0
+                continue
+            idle = self._idle.get(rid, 0) + 1
+            self._idle[rid] = idle
+            if idle >= self.probe_every:
+                lengths[rid], self._idle[rid] = 1, 0
+        return lengths
+
+    def record_verification(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        self.acceptance.record(req_id, num_drafts, num_accepted)
+
+    def record_step(self, *, rows: int, max_draft: int, seconds: float, prefill: bool) -> None:
+        """One measured step; prefill steps and an idle DP rank's dummy step (no rows of its own) teach nothing."""
+        if not prefill and rows:
+            self.cost.observe(rows, max_draft, seconds)
+
+    def forget(self, req_id: str) -> None:
+        self.acceptance.forget(req_id)
+        self._idle.pop(req_id, None)

@@ -1,0 +1,117 @@
+"""What a step costs, as a function of what it verifies and drafts: fitted to the engine's own step times.
+
+Speculation pays only when the tokens a step gains outweigh what the extra
+verify rows and the proposal cost, and both depend on the machine, the
+model, the backend and the batch. So the engine measures instead of
+assuming: every decode step's wall time is one sample of
+
+    seconds = base + per_row * rows + per_proposal * [drafts proposed] + per_draft * max_draft
+
+where ``rows`` is the target forward's token count (requests plus the drafts
+they verify), ``max_draft`` the longest draft the step's proposal made (a
+sequential drafter pays per draft position; a block drafter mostly pays
+``per_proposal`` once). The fit is least squares over a sliding window, with
+every coefficient but ``base`` kept non-negative, refitted as samples arrive.
+Steps that prefill are left out: their attention over long prompts is not
+what a decode step's draft length changes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+FEATURES = ("base", "per_row", "per_proposal", "per_draft")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one decode step, by the linear model above (all coefficients in seconds)."""
+
+    base: float
+    per_row: float
+    per_proposal: float
+    per_draft: float
+
+    def seconds(self, rows: int, max_draft: int) -> float:
+        return self.base + self.per_row * rows + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
+
+
+@dataclass(frozen=True)
+class StepSample:
+    rows: int
+    max_draft: int
+    seconds: float
+
+
+class StepCostModel:
+    """Least-squares fit of ``StepCost`` to the last ``window`` measured decode steps.
+
+    ``fitted`` stays None until the samples pin every coefficient down: at
+    least two row counts, and both drafting and non-drafting steps
+    (``per_draft`` needs a third draft length; without one it stays 0 and
+    ``per_proposal`` carries the whole proposal). Until then a caller must not trust a prediction, which is
+    why the draft-length policy calibrates first (``specdec.draft_length``).
+    """
+
+    def __init__(self, *, window: int = 256, refit_every: int = 4) -> None:
+        if window < len(FEATURES) or refit_every < 1:
+            raise ValueError(f"window must be >= {len(FEATURES)} and refit_every >= 1, got {window}, {refit_every}")
+        self.samples: deque[StepSample] = deque(maxlen=window)
+        self.refit_every = refit_every
+        self.fitted: StepCost | None = None
+        self._since_fit = 0
+
+    def observe(self, rows: int, max_draft: int, seconds: float) -> None:
+        if rows < 1 or max_draft < 0 or not seconds > 0.0:
+            raise ValueError(
+                f"a step sample needs rows >= 1, max_draft >= 0, seconds > 0; got {rows}, {max_draft}, {seconds}"
+            )
+        self.samples.append(StepSample(rows, max_draft, seconds))
+        self._since_fit += 1
+        if self._since_fit >= self.refit_every or self.fitted is None:
+            self.refit()
+
+    @property
+    def identifiable(self) -> bool:
+        rows = {s.rows for s in self.samples}
+        drafts = {s.max_draft for s in self.samples}
+        return len(rows) >= 2 and 0 in drafts and len(drafts) >= 2
+
+    def refit(self) -> StepCost | None:
+        self._since_fit = 0
+        if not self.identifiable:
+            return self.fitted
+        x = torch.tensor(
+            [[1.0, s.rows, 1.0 if s.max_draft else 0.0, s.max_draft] for s in self.samples], dtype=torch.float64
+        )
+        y = torch.tensor([s.seconds for s in self.samples], dtype=torch.float64)
+        # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
+        features = [0, 1, 2, 3] if len({s.max_draft for s in self.samples}) >= 3 else [0, 1, 2]
+        coef = [0.0] * len(FEATURES)
+        for i, c in zip(features, _nonnegative_lstsq(x[:, features], y), strict=True):
+            coef[i] = c
+        self.fitted = StepCost(*coef)
+        return self.fitted
+
+
+def _nonnegative_lstsq(x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """Least squares with every coefficient after the first clamped at zero (a small active-set loop).
+
+    Timing noise can make a tiny cost come out negative, and a negative
+    per-draft cost would tell the policy that drafting more is free.
+    """
+    active = list(range(x.shape[1]))
+    coef = [0.0] * x.shape[1]
+    for _ in range(x.shape[1]):
+        solution = torch.linalg.lstsq(x[:, active], y.unsqueeze(1)).solution.squeeze(1).tolist()
+        negative = [i for i, c in zip(active, solution, strict=True) if i > 0 and c < 0]
+        if not negative:
+            coef = [0.0] * x.shape[1]
+            for i, c in zip(active, solution, strict=True):
+                coef[i] = c
+            return coef
+        active = [i for i in active if i not in negative]
+    return coef
