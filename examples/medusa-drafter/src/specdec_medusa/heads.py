@@ -41,4 +41,4 @@ class MedusaHeads:
         x = h[:, None, :] + torch.nn.functional.silu(torch.einsum("rd,kud->rku", h, self.weight))
         rows, heads, hidden = x.shape
         logits = self.target.compute_logits(x.reshape(rows * heads, hidden).to(hidden_states.dtype))
-        return logits.reshape(rows, heads, -1)
+        return logits.reshape(rows, heads, logits.shape[-1])
