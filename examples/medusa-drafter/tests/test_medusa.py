@@ -22,7 +22,7 @@ from torch import Tensor
 
 import contracts
 from contracts import ContractViolation
-from specdec import DraftContext, Engine, EngineConfig, ModelConfig, SamplingParams, TargetStep, Transformer
+from specdec import DraftContext, Engine, EngineConfig, ModelConfig, Proposal, SamplingParams, TargetStep, Transformer
 from specdec.backend_registry import available_backends, create
 from specdec.testing.dp_run import DPRunSpec, RequestSpec, dp_run_specs, merged, plain_outputs, run_in_process
 
@@ -160,8 +160,6 @@ class IdleRankSkips(MedusaSpeculator):
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Any:
         if not any(step.drafting):
-            from specdec import Proposal
-
             k = self.num_spec_tokens
             ids = torch.full((step.num_reqs, k), contracts.REJECTED_TOKEN_ID, dtype=torch.int64)
             return Proposal(draft_token_ids=ids, num_drafts=(0,) * step.num_reqs)
