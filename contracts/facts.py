@@ -75,6 +75,22 @@ class BatchFacts:
 
 
 @dataclass(frozen=True, eq=False)
+class HeadFacts:
+    """A KV-less draft forward (heads on the target's hidden states) with the real counts.
+
+    There is no attention metadata: the heads attend to nothing and write no
+    KV. ``hidden_states`` are the heads' input, one model row per drafting
+    request followed by the DP pad (an idle rank's dummy rows included).
+    """
+
+    desc: BatchExecutionDescriptor
+    num_reqs: int
+    hidden_states: Float[Tensor, "rows hidden"]
+    dp_size: int | None = None
+    """DP ranks whose collectives this forward joins; 1 means no DP (HEAD-1, as AR-4)."""
+
+
+@dataclass(frozen=True, eq=False)
 class ForwardOutputFacts:
     """What a draft forward returned, checked before the drafter samples from it.
 

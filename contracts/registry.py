@@ -38,6 +38,8 @@ class StepKind(enum.Enum):
     DRAFT_PREFILL = "draft_prefill"
     DRAFT_DECODE = "draft_decode"
     DRAFT_BLOCK = "draft_block"
+    DRAFT_HEADS = "draft_heads"
+    """A KV-less draft forward: heads on the target's hidden states, one row per drafting request, no attention."""
     PROPOSAL = "proposal"
     VERIFY = "verify"
     CACHE = "cache"
@@ -185,7 +187,7 @@ def all_invariants() -> Iterator[Invariant]:
     return iter(sorted(REGISTRY.values(), key=_catalog_order))
 
 
-_FAMILY_ORDER = ["DESC", "DP", "IN", "TGT", "AR", "BLK", "PROP", "VER", "KV"]
+_FAMILY_ORDER = ["DESC", "DP", "IN", "TGT", "AR", "BLK", "HEAD", "PROP", "VER", "KV"]
 
 
 def _catalog_order(inv: Invariant) -> tuple[int, int, str]:

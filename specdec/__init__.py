@@ -22,7 +22,10 @@ _EXPORTS = {
     "CompletionOutput": "specdec.llm",
     "LLM": "specdec.llm",
     "RequestOutput": "specdec.llm",
+    "DPGroup": "specdec.dp_group",
     "DraftContext": "specdec.speculator",
+    "DraftHeads": "specdec.draft_heads",
+    "DraftStep": "specdec.draft_builders",
     "DraftModel": "specdec.speculator",
     "DraftOutput": "specdec.speculator",
     "Engine": "specdec.engine",
@@ -39,14 +42,24 @@ _EXPORTS = {
     "StepKindError": "specdec.draft_step_kinds",
     "TargetStep": "specdec.speculator",
     "Transformer": "specdec.nn.transformer",
+    "advance_decode_metadata": "specdec.draft_builders",
+    "build_block_metadata": "specdec.draft_builders",
+    "build_decode_metadata": "specdec.draft_builders",
+    "draft_decode_positions": "specdec.draft_builders",
+    "pad_model_rows": "specdec.draft_builders",
+    "padded_rows": "specdec.draft_builders",
+    "sync_draft_step": "specdec.draft_builders",
 }
 
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "DPGroup",
     "DraftContext",
+    "DraftHeads",
     "DraftModel",
     "DraftOutput",
+    "DraftStep",
     "Engine",
     "EngineConfig",
     "ModelConfig",
@@ -63,10 +76,29 @@ __all__ = [
     "TargetStep",
     "Transformer",
     "__version__",
+    "advance_decode_metadata",
+    "build_block_metadata",
+    "build_decode_metadata",
+    "draft_decode_positions",
+    "pad_model_rows",
+    "padded_rows",
+    "sync_draft_step",
 ]
 
 if TYPE_CHECKING:
     from specdec.attn_metadata import ScheduledRequest
+    from specdec.dp_group import DPGroup
+    from specdec.draft_builders import (
+        DraftStep,
+        advance_decode_metadata,
+        build_block_metadata,
+        build_decode_metadata,
+        draft_decode_positions,
+        pad_model_rows,
+        padded_rows,
+        sync_draft_step,
+    )
+    from specdec.draft_heads import DraftHeads
     from specdec.draft_step_kinds import StepKindError
     from specdec.engine import Engine, EngineConfig, RunMetrics
     from specdec.kv_storage import PagedKVStorage

@@ -15,7 +15,9 @@ from collections.abc import Set
 
 from contracts import StepKind
 
-DRAFT_STEP_KINDS: frozenset[StepKind] = frozenset({StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK})
+DRAFT_STEP_KINDS: frozenset[StepKind] = frozenset(
+    {StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS}
+)
 """What a drafter's forwards can be: the kinds with draft-forward invariants in the registry."""
 
 

@@ -42,6 +42,7 @@ from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
 from specdec.draft_caches import close_cache, open_cache, release
+from specdec.draft_heads import DraftHeads, run_heads
 from specdec.draft_step_kinds import declared_step_kinds, forward_step_kind
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
@@ -311,6 +312,24 @@ class DraftContext:
             backend=self.backend,
         )
         return out
+
+    def forward_heads(
+        self,
+        heads: DraftHeads,
+        desc: BatchExecutionDescriptor,
+        num_reqs: int,
+        hidden_states: Float[Tensor, "rows hidden"],
+        *,
+        num_tokens_across_dp: Sequence[int] | None = None,
+    ) -> Float[Tensor, "rows heads vocab"]:
+        """The KV-less forward (``StepKind.DRAFT_HEADS``): ``heads`` on the target's hidden states, no KV cache.
+
+        ``desc`` comes from the draft step's DP sync (``sync_draft_step``):
+        ``hidden_states`` has its ``desc.num_tokens`` rows, the ``num_reqs``
+        drafting requests first. Checked like ``forward``: DESC-*, HEAD-1,
+        HEAD-2 before the heads run, VER-8 on the real rows' logits after.
+        """
+        return run_heads(self, heads, desc, num_reqs, hidden_states, num_tokens_across_dp)
 
 
 class MalformedProposalError(ValueError):

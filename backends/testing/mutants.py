@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import backends.autoregressive.metadata
 import backends.autoregressive.speculator
-import backends.dflash.metadata
 import backends.dflash.speculator
 import backends.dspark.speculator
+import specdec.draft_builders
 from backends.autoregressive.speculator import AutoregressiveSpeculator
 from backends.dflash.speculator import DFlashSpeculator
 from backends.dspark.speculator import DSparkSpeculator
@@ -306,7 +305,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "eagle",
         "dp",
         "AR-5",
-        lambda: wrapped(backends.autoregressive.metadata, "decode_attention_rows", _attention_rows_from_desc),
+        lambda: wrapped(specdec.draft_builders, "decode_attention_rows", _attention_rows_from_desc),
     ),
     Mutant(
         "dflash-dp-pad-block-attention",
@@ -314,7 +313,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "dflash",
         "dp",
         "BLK-3",
-        lambda: wrapped(backends.dflash.metadata, "block_attention_rows", _attention_rows_from_desc),
+        lambda: wrapped(specdec.draft_builders, "block_attention_rows", _attention_rows_from_desc),
     ),
     Mutant(
         "dspark-dp-pad-block-attention",
@@ -322,7 +321,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "dspark",
         "dp",
         "BLK-3",
-        lambda: wrapped(backends.dflash.metadata, "block_attention_rows", _attention_rows_from_desc),
+        lambda: wrapped(specdec.draft_builders, "block_attention_rows", _attention_rows_from_desc),
     ),
     Mutant(
         "dflash-rejected-context-rows",

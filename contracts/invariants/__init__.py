@@ -5,6 +5,7 @@ from contracts.invariants import (  # noqa: F401
     block,
     descriptor,
     dp,
+    heads,
     inputs,
     kv,
     padded_requests,

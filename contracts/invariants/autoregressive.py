@@ -9,6 +9,7 @@ import torch
 from contracts.registry import Observed, StepKind, Subject, Tag, ValueReader, invariant
 
 if TYPE_CHECKING:
+    from contracts.descriptor import BatchExecutionDescriptor
     from contracts.facts import BatchFacts, ProposalFacts
 
 PREFILL = {StepKind.DRAFT_PREFILL}
@@ -94,13 +95,17 @@ VERIFY_SHAPED = "a verify-shaped (K+1 tokens per request) descriptor was reused 
     "when DP is on or dp_size is not given (a pad to the largest rank's count)",
 )
 def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
-    d = facts.desc
+    return one_row_per_request(facts.desc, facts.num_reqs, facts.dp_size, "draft decode")
+
+
+def one_row_per_request(d: BatchExecutionDescriptor, num_reqs: int, dp_size: int | None, step: str) -> Observed | None:
+    """AR-4's rule, shared by every one-row-per-request draft step (the heads' forward too, HEAD-1)."""
     cause = None
     if d.uniform_token_count not in (None, 1) or (d.cg_mode.name == "FULL" and d.num_reqs != d.num_tokens):
         cause = VERIFY_SHAPED
-    elif d.cg_mode.name == "NONE" and d.num_tokens < facts.num_reqs:
-        cause = "draft decode model rows cut below one per request"
-    elif d.cg_mode.name == "NONE" and facts.dp_size == 1 and d.num_tokens != facts.num_reqs:
+    elif d.cg_mode.name == "NONE" and d.num_tokens < num_reqs:
+        cause = f"{step} model rows cut below one per request"
+    elif d.cg_mode.name == "NONE" and dp_size == 1 and d.num_tokens != num_reqs:
         cause = (
             "eager model rows past the requests with no DP pad to explain them: "
             "the descriptor of another batch (e.g. the verify step's K+1 tokens per request) was reused"
@@ -112,8 +117,8 @@ def ar_4(facts: BatchFacts, _: ValueReader) -> Observed | None:
         "uniform_token_count": d.uniform_token_count,
         "desc.num_reqs": d.num_reqs,
         "desc.num_tokens": d.num_tokens,
-        "num_reqs": facts.num_reqs,
-        "dp_size": facts.dp_size,
+        "num_reqs": num_reqs,
+        "dp_size": dp_size,
         "likely_cause": cause,
     }
 

@@ -17,6 +17,7 @@ MODEL_STEPS = {
     StepKind.DRAFT_PREFILL,
     StepKind.DRAFT_DECODE,
     StepKind.DRAFT_BLOCK,
+    StepKind.DRAFT_HEADS,
 }
 
 

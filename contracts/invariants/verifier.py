@@ -370,7 +370,7 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     "A draft forward's logits hold no NaN or +inf on its real rows, and every real row has a finite entry.",
     tag=Tag.D,
     subject=Subject.FORWARD_OUTPUT,
-    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK},
+    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS},
     likely_cause="the drafter produced non-finite values (a NaN or uninitialised drafter weight, an overflow in half "
     "precision); every draft and proposal built from these rows is garbage, and sampling from them fails",
     accepts="non-finite padded rows (a padded request attends to no key) and -inf entries of a masked token",

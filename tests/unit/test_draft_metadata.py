@@ -14,10 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata
-from backends.dflash.metadata import build_block_metadata
 from contracts import PAD_SLOT_ID, AttentionMetadata, BatchExecutionDescriptor, CUDAGraphMode
 from specdec.attn_metadata import padded_block_table, padded_query_start_loc, padded_slot_mapping
+from specdec.draft_builders import advance_decode_metadata, build_block_metadata, build_decode_metadata
 from specdec.kv_cache import KVCacheManager
 
 BLOCK_SIZE, MAX_LEN = 4, 64

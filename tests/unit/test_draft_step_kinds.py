@@ -47,7 +47,9 @@ def test_a_string_step_kind_is_refused_with_the_member_to_write_instead() -> Non
     message = str(caught.value)
     assert "backend 'mine'" in message and "'draft_decode' is a string" in message
     assert "write StepKind.DRAFT_DECODE, not 'draft_decode'" in message
-    assert "StepKind.DRAFT_BLOCK, StepKind.DRAFT_DECODE, StepKind.DRAFT_PREFILL" in message  # what is allowed
+    assert (
+        "StepKind.DRAFT_BLOCK, StepKind.DRAFT_DECODE, StepKind.DRAFT_HEADS, StepKind.DRAFT_PREFILL" in message
+    )  # what is allowed
     assert "checked by nothing" in message  # why it matters
 
 
