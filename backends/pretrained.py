@@ -80,15 +80,27 @@ def card_path(weights: Path) -> Path:
 
 
 def write_card(weights: Path) -> Path:
-    """Write the model card of a drafter file: what it is for, its size and its sha256."""
+    """Write the model card of a drafter file: what it is for, its size and its sha256.
+
+    A trained file's card also repeats how it was made, from its metadata: the
+    exact command (files named relative to where it ran, never by machine
+    path), the data and the training's wall time.
+    """
     meta = read_metadata(weights)
-    card = {
+    card: dict[str, object] = {
         "model": meta.get("model"),
         "backend": meta.get("backend"),
         "file": weights.name,
         "size_bytes": weights.stat().st_size,
         "sha256": sha256_file(weights),
     }
+    if "command" in meta:
+        card["command"] = meta["command"]
+    if "data" in meta:
+        card["data"] = meta_json(meta, "data", weights)
+    training = meta_json(meta, "training", weights) if "training" in meta else None
+    if isinstance(training, dict) and "wall_s" in training:
+        card["wall_s"] = training["wall_s"]
     path = card_path(weights)
     path.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path

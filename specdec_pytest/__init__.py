@@ -3,5 +3,5 @@
 A separate top-level package on purpose: pytest loads plugins before the
 jaxtyping import hook (``--jaxtyping-packages=specdec,...``) is installed, and
 that hook refuses packages already imported, so this module imports nothing
-from ``specdec`` until a conformance test runs.
+from ``specdec`` before the session starts (after every import hook is in place).
 """

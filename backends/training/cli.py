@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -141,8 +140,10 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command that ran, for a file's record (the arguments the parser got, not the process's)."""
-    return f"{args.prog} " + shlex.join(args.argv)
+    """The command that ran, for a file's record (the arguments the parser got, files named without machine paths)."""
+    from backends.training.record import command_line as recorded
+
+    return recorded(args.prog, args.argv)
 
 
 def load_features(path: str) -> tuple[str, list[str], Any]:
@@ -297,7 +298,7 @@ def draft_vocab_of(feats: Any, size: int, vocab_size: int) -> tuple[torch.Tensor
 
 def cmd_vocab(args: argparse.Namespace) -> int:
     """Rewrite a drafter file with a draft vocabulary: same tensors, same metadata plus the vocabulary's record."""
-    from backends.pretrained import DRAFT_VOCAB, read_metadata
+    from backends.pretrained import DRAFT_VOCAB, read_metadata, write_card
     from specdec.hub import load
 
     path = Path(args.file)
@@ -313,6 +314,7 @@ def cmd_vocab(args: argparse.Namespace) -> int:
     meta["vocab_command"] = command_line(args)
     tensors[DRAFT_VOCAB] = ids.to(torch.int32).contiguous()
     save_file(tensors, str(path), metadata=meta)
+    write_card(path)  # the file changed: its card must match it again
     log(f"wrote {path} with a draft vocabulary of {len(ids)} tokens")
     return 0
 

@@ -48,7 +48,7 @@ from contracts import ContractViolation, CUDAGraphMode
 from contracts.tally import tallying
 from specdec.backend_registry import names_option
 from specdec.dispatch import CaptureConfig
-from specdec.dp_group import DPCollectiveTimeout, in_process_world, run_ranks
+from specdec.dp_group import in_process_world, run_ranks
 from specdec.engine import EngineConfig
 from specdec.kv_cache import blocks_for
 from specdec.nn.config import ModelConfig
@@ -128,6 +128,25 @@ class Outcome:
     ok: bool
     caught_by: str | None = None
     message: str = ""
+
+
+def failed(error: BaseException, where: str = "") -> Outcome:
+    """The outcome of an example stopped by ``error``: caught by its invariant ID (or its type), said once.
+
+    The report writes ``caught_by: message``, so the message leaves out the
+    ``[ID]`` a violation's text opens with and the ``Type:`` of a crash's.
+    """
+    if isinstance(error, ContractViolation):
+        caught_by = error.invariant_id
+        text = str(error).removeprefix(f"[{caught_by}] ")
+    else:
+        caught_by = type(error).__name__
+        text = "".join(traceback.format_exception_only(error)).strip()
+        for prefix in (f"{type(error).__module__}.{type(error).__qualname__}", type(error).__qualname__):
+            if text == prefix or text.startswith(prefix + ":"):
+                text = text.removeprefix(prefix).removeprefix(":").strip()
+                break
+    return Outcome(False, caught_by, where + (text or "(no message)"))
 
 
 def run_case(
@@ -225,22 +244,15 @@ def _run_and_replay(
                 spec = dataclasses.replace(spec, speculator=forced)
             with counting():
                 results = run_in_process(spec, timeout_s=timeout_s)
-    except ContractViolation as e:
-        return Outcome(False, e.invariant_id, str(e)), results
-    except DPCollectiveTimeout as e:
-        return Outcome(False, "DPCollectiveTimeout", str(e)), results
-    except Exception as e:  # a crash is a finding too: report it, do not hide it
-        return Outcome(False, type(e).__name__, "".join(traceback.format_exception_only(e)).strip()), results
+    except Exception as e:  # a violation, a DP timeout or a crash: each is a finding, reported, never hidden
+        return failed(e), results
     if tensor_mode == "fake-cuda":
         by_rank = sorted(recorders, key=lambda r: r.rank)  # rank threads build their recorders in any order
         try:
             with counting():
                 replay_on_fake_cuda(factory, case, [r.events for r in by_rank], timeout_s)
-        except ContractViolation as e:
-            return Outcome(False, e.invariant_id, f"fake-cuda replay: {e}"), results
         except Exception as e:
-            message = "fake-cuda replay: " + "".join(traceback.format_exception_only(e)).strip()
-            return Outcome(False, type(e).__name__, message), results
+            return failed(e, "fake-cuda replay: "), results
     out = merged(results)
     if plain is None:
         return Outcome(True), results

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import specdec.hub
 from backends.draft_vocab import most_frequent
-from backends.pretrained import DRAFT_VOCAB, read_metadata
+from backends.pretrained import DRAFT_VOCAB, card_path, read_metadata, resolve
 from backends.training import generate_sequences, target_features
 from backends.training.cli import feature_layers, main
 from specdec.backend_registry import create
@@ -69,6 +69,12 @@ def test_a_continued_run_records_its_start_and_ships_a_draft_vocabulary(
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     meta = read_metadata(first)
     assert json.loads(meta["training"])["draft_vocab"]["size"] == 6 and " vocab " in meta["vocab_command"]
+    for path in (first, second):  # files are named relative to the folder that holds them, never by machine path
+        record = json.dumps(read_metadata(path)) + card_path(path).read_text(encoding="utf-8")
+        assert str(tmp_path) not in record and str(Path.cwd()) not in record
+    assert "--out second.safetensors" in read_metadata(second)["command"]
+    assert "--init first.safetensors" in json.loads(card_path(second).read_text(encoding="utf-8"))["command"]
+    assert resolve(first, "dflash") == first  # ``vocab`` rewrote the file and its card with it
 
 
 def test_init_from_a_file_of_another_backend_is_refused(tiny: tuple[Transformer, Path], tmp_path: Path) -> None:
