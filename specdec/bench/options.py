@@ -12,7 +12,7 @@ import torch
 from specdec.bench.output import DOCS_PATH
 from specdec.bench.runner import PLAIN
 from specdec.bench.suites import SUITES
-from specdec.cli.lists import comma_list
+from specdec.cli.argtypes import LIST_HELP, add_backends_option, list_of
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
@@ -162,19 +162,31 @@ QUICK: dict[str, Any] = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="the target, from `specdec models list` (must be pulled)")
-    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated prompt suites (default all)")
     p.add_argument(
-        "--backends",
-        default=",".join(DEFAULT_BACKENDS),
-        help="comma-separated backends to compare with plain decoding ('none': plain only)",
+        "--suites",
+        action="extend",
+        type=list_of(),
+        help=f"prompt suites {LIST_HELP} (default: all: {', '.join(SUITES)})",
+    )
+    add_backends_option(
+        p,
+        f"backends to compare with plain decoding {LIST_HELP}; 'none': plain only "
+        f"(default: {','.join(DEFAULT_BACKENDS)})",
     )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4, help="draft tokens per step, every backend")
     p.add_argument("--max-tokens", type=int, help="new tokens per prompt at most (default 64; --quick 8)")
     p.add_argument("--singles", type=int, help="prompts per suite run alone, batch 1 (default 4; --quick 1)")
     p.add_argument("--group-size", type=int, help="the larger batch size (default 8; --quick 2)")
     p.add_argument("--groups", type=int, help="batches of --group-size per suite (default 1)")
-    p.add_argument("--batch-sizes", help="comma-separated: 1 and/or the group size (default both)")
-    p.add_argument("--temperatures", help="comma-separated sampling temperatures (default 0,1; 0 is greedy)")
+    p.add_argument(
+        "--batch-sizes", action="extend", type=list_of(), help=f"1 and/or the group size {LIST_HELP} (default both)"
+    )
+    p.add_argument(
+        "--temperatures",
+        action="extend",
+        type=list_of(),
+        help=f"sampling temperatures {LIST_HELP} (default 0,1; 0 is greedy)",
+    )
     p.add_argument("--repeats", type=int, help="interleaved rounds per batch (default 2; --quick 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="longer prompts are skipped, not cut")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
@@ -223,8 +235,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     base = replace(BenchOptions(), **QUICK) if args.quick else BenchOptions()
     given: dict[str, Any] = {
         "model": args.model,
-        "suites": tuple(comma_list(args.suites)),
-        "backends": () if args.backends.strip() == "none" else tuple(comma_list(args.backends)),
+        "suites": SUITES if args.suites is None else tuple(args.suites),
+        "backends": _backends(args.backends),
         "k": args.num_spec_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "dtype": args.dtype,
@@ -242,11 +254,22 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
             given[name] = getattr(args, name)
     try:
         if args.batch_sizes is not None:
-            given["batch_sizes"] = tuple(int(v) for v in comma_list(args.batch_sizes))
+            given["batch_sizes"] = tuple(int(v) for v in args.batch_sizes)
         elif "group_size" in given:
             given["batch_sizes"] = (1, given["group_size"])
         if args.temperatures is not None:
-            given["temperatures"] = tuple(float(v) for v in comma_list(args.temperatures))
+            given["temperatures"] = tuple(float(v) for v in args.temperatures)
     except ValueError as exc:
         raise ValueError(f"--batch-sizes and --temperatures take comma-separated numbers: {exc}") from None
     return replace(base, **given)  # values checked by BenchOptions.__post_init__
+
+
+def _backends(given: list[str] | None) -> tuple[str, ...]:
+    """``--backend`` as given (``none`` alone: plain decoding only), else the default three."""
+    if given is None:
+        return DEFAULT_BACKENDS
+    if "none" in given:
+        if given != ["none"]:
+            raise ValueError(f"--backend none means plain decoding only; it cannot be listed with {given}")
+        return ()
+    return tuple(given)
