@@ -341,7 +341,8 @@ class _option_errors:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self.options and isinstance(exc, (TypeError, ValueError)):
             given = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-            raise UsageError(f"the backend refused its options ({given}): {exc}") from None
+            reason = " ".join(str(exc).split())  # one line, whatever the factory (or a type checker) wrote
+            raise UsageError(f"the backend refused its options ({given}): {reason}") from None
 
 
 def _build(args: argparse.Namespace, target: Transformer, backend: str) -> tuple[Engine, list[Request]]:
@@ -437,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         for i, req in enumerate(runs[args.backend]):
             record = _tiny_json(args.backend, req, walls[args.backend])
-            if "plain" in runs:
+            if "plain" in runs and args.backend != "plain":
                 record["plain"] = {"same_tokens": list(runs["plain"][i].output) == record["token_ids"]}
             emit_json(record)
         return 0
