@@ -13,6 +13,7 @@ from specdec.bench.output import DOCS_PATH
 from specdec.bench.runner import PLAIN
 from specdec.bench.suites import SUITES
 from specdec.cli.argtypes import LIST_HELP, add_backends_option, list_of
+from specdec.cli.backend_options import OptionValue, backend_option, collect
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
@@ -45,6 +46,16 @@ class BenchOptions:
     prompt_lookup: int = 10
     """transformers' own speculative peer: ``generate(prompt_lookup_num_tokens=N)`` beside its plain generate; 0: off."""
     seed: int = 0
+    backend_options: tuple[tuple[str, OptionValue], ...] = ()
+    """``-O KEY=VALUE``: each goes to every compared backend whose factory takes KEY."""
+
+    def options_for(self, backend: str) -> dict[str, OptionValue]:
+        """The ``-O`` options ``backend``'s factory takes."""
+        from specdec.backend_registry import factory_for
+        from specdec.llm import factory_options
+
+        takes = set(factory_options(factory_for(backend)))
+        return {key: value for key, value in self.backend_options if key in takes}
 
     def __post_init__(self) -> None:
         bad = [s for s in self.suites if s not in SUITES]
@@ -136,6 +147,8 @@ class BenchOptions:
             args += ["--threads", str(self.threads)]
         if self.contract_backend is not None:
             args += ["--contract-backend", self.contract_backend]
+        for key, value in self.backend_options:
+            args += ["-O", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
         if not self.peer:
             args.append("--no-peer")
         elif self.prompt_lookup != BenchOptions.prompt_lookup:
@@ -174,6 +187,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default: {','.join(DEFAULT_BACKENDS)})",
     )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4, help="draft tokens per step, every backend")
+    p.add_argument(
+        "--backend-option",
+        "-O",
+        dest="backend_option",
+        action="append",
+        type=backend_option,
+        metavar="KEY=VALUE",
+        help="an option for every compared backend whose factory takes KEY, e.g. -O capacity=threshold for dspark "
+        "(repeatable); a KEY none of them takes is refused",
+    )
     p.add_argument("--max-tokens", type=int, help="new tokens per prompt at most (default 64; --quick 8)")
     p.add_argument("--singles", type=int, help="prompts per suite run alone, batch 1 (default 4; --quick 1)")
     p.add_argument("--group-size", type=int, help="the larger batch size (default 8; --quick 2)")
@@ -248,6 +271,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "peer": args.peer,
         "prompt_lookup": args.prompt_lookup,
         "seed": args.seed,
+        "backend_options": tuple(collect(args.backend_option).items()),
     }
     for name in ("max_tokens", "singles", "group_size", "groups", "repeats", "contract_prompts"):
         if getattr(args, name) is not None:

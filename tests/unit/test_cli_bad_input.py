@@ -71,6 +71,9 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["bench", "--model", "nosuch"], "unknown model 'nosuch'"),
         (["bench", "-b", "eagle", "--backends", "nosuch"], "unknown backend 'nosuch'"),
         (["bench", "--backend", "none,eagle"], "--backend none means plain decoding only"),
+        (["bench", "-b", "eagle", "-O", "capacity=threshold"], "-O capacity: no compared backend takes it (eagle: "),
+        (["bench", "-b", "dspark", "-O", "pretrained=x"], "bench chooses drafter weights with --weights"),
+        (["bench", "-O", "tau"], "'tau' is not KEY=VALUE"),
     ],
     "bench-phases": [
         (["bench-phases", "--backends", "nosuch"], "unknown backend 'nosuch'"),

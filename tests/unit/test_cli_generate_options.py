@@ -173,3 +173,18 @@ def test_stream_without_stop_writes_every_step(letters: LLM) -> None:
     streamed = letters.stream([0, 1, 2], SamplingParams(temperature=0.0, max_tokens=10), on_text=pieces.append)
     assert "".join(pieces) == streamed.output.outputs[0].text and len(pieces) == streamed.chunks >= 3
     assert streamed.run_metrics.accepted == streamed.run_metrics.drafted > 0
+
+
+def test_bench_gives_each_backend_the_options_it_takes_and_renders_them_back() -> None:
+    import argparse
+
+    from specdec.bench.options import add_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["-b", "eagle,dspark", "-O", "capacity=threshold", "-O", "tau=0.25", "-O", "full_vocab=true"]
+    options = options_from_args(parser.parse_args(argv))
+    assert options.options_for("dspark") == {"capacity": "threshold", "tau": 0.25, "full_vocab": True}
+    assert options.options_for("eagle") == {"full_vocab": True}
+    assert "-O capacity=threshold -O tau=0.25 -O full_vocab=true" in options.command()
+    assert options_from_args(parser.parse_args(options.command().split()[2:])) == options
