@@ -510,15 +510,17 @@ def run_model(args: argparse.Namespace) -> int:
     )
     # Shipped drafter weights are per catalog model; a model given by path has none.
     catalog = None if is_path(args.model) else args.model
-    with _option_errors(args):
-        llm = LLM.from_model(
-            target,
-            tokenizer,
-            speculative_config=speculative_config(args, target),
-            catalog_model=catalog,
-            seed=args.seed,
-            max_num_seqs=1,
-        )
+    if args.backend_options:  # the factory sees its -O values once here, so a refusal is reported as the user's
+        with _option_errors(args):
+            _speculator(args, target)
+    llm = LLM.from_model(
+        target,
+        tokenizer,
+        speculative_config=speculative_config(args, target),
+        catalog_model=catalog,
+        seed=args.seed,
+        max_num_seqs=1,
+    )
     plain = LLM.from_model(target, tokenizer, seed=args.seed, max_num_seqs=1)
     compare = args.compare_plain and args.backend != "plain"
 
@@ -528,8 +530,7 @@ def run_model(args: argparse.Namespace) -> int:
 
     for i, (prompt, ids) in enumerate(zip(args.prompts, prompts, strict=True)):
         params = args.params.model_copy(update={"seed": args.seed + i})
-        with _option_errors(args):
-            result = llm.stream(ids, params, on_text=None if args.json else write)
+        result = llm.stream(ids, params, on_text=None if args.json else write)
         if i == 0 and llm.drafter_notice is not None:
             print(f"specdec generate: {llm.drafter_notice}", file=sys.stderr)
         baseline = plain.stream(ids, params) if compare else None
