@@ -188,3 +188,32 @@ def test_bench_gives_each_backend_the_options_it_takes_and_renders_them_back() -
     assert options.options_for("eagle") == {"full_vocab": True}
     assert "-O capacity=threshold -O tau=0.25 -O full_vocab=true" in options.command()
     assert options_from_args(parser.parse_args(options.command().split()[2:])) == options
+
+
+def test_bench_runs_build_each_drafter_with_its_options(recording_backend: list[dict[str, Any]]) -> None:
+    import contracts
+    from specdec.bench.driver import run_bench
+    from specdec.bench.options import BenchOptions
+    from specdec.bench.suites import Batch, BenchPrompt, Workload
+
+    target = Transformer(ModelConfig.tiny(num_layers=1, hidden_size=32, intermediate_size=64, head_dim=8), seed=0)
+    prompt = BenchPrompt("humaneval/p0", (3, 4, 5, 6))
+    workload = Workload("humaneval", (Batch("humaneval", 1, 0, (prompt,)),), (), 0)
+    options = BenchOptions(
+        suites=("humaneval",),
+        backends=("recording",),
+        backend_options=(("capacity", "threshold"), ("tau", 0.25)),
+        max_tokens=3,
+        singles=1,
+        batch_sizes=(1,),
+        temperatures=(0.0,),
+        repeats=1,
+        weights="random",
+        contract_prompts=0,
+        peer=False,
+    )
+    with contracts.enforce("off"):
+        run_bench(target, [workload], (), options)
+    assert recording_backend and all(
+        seen["capacity"] == "threshold" and seen["tau"] == 0.25 for seen in recording_backend
+    )
