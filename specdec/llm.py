@@ -15,7 +15,8 @@ which frees its KV blocks and drafter state at once.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ from specdec.engine import Engine, EngineConfig
 from specdec.hub.loader import load
 from specdec.hub.local import is_path
 from specdec.hub.tokenizer import Message, Tokenizer
-from specdec.metrics import RequestMetrics
-from specdec.request import Request
+from specdec.metrics import RequestMetrics, RunMetrics
+from specdec.nn.transformer import Transformer
+from specdec.request import FinishReason, Request
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
@@ -68,6 +70,21 @@ class RequestOutput:
 
 
 @dataclass(frozen=True)
+class StreamedOutput:
+    """What ``LLM.stream`` produced for its one prompt, and what it cost."""
+
+    output: RequestOutput
+    chunks: int
+    """How many pieces of text were written (at most one per engine step)."""
+    wall_s: float
+    first_token_s: float
+    run_metrics: RunMetrics
+    """The engine's totals: steps and tokens per step (target forwards), beside the request's own counts."""
+    finish: FinishReason | None
+    """How the engine ended the request (``ABORTED`` when a stop string ended it)."""
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     """A validated ``speculative_config``: the backend, K, and the backend's own options."""
 
@@ -104,6 +121,11 @@ def _methods() -> list[str]:
     return [name.replace("-", "_") for name in available_backends()]
 
 
+def factory_options(factory: Any) -> list[str]:
+    """The options a backend factory takes by name, beyond the target and K (what ``speculative_config`` may hold)."""
+    return _options_of(factory)
+
+
 def _options_of(factory: Any) -> list[str]:
     """A factory's keyword options, other than the ones ``LLM`` itself fills in."""
     try:
@@ -137,15 +159,54 @@ class LLM:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
-        self.model, self.tokenizer = load(model, dtype=getattr(torch, dtype))
+        target, tokenizer = load(model, dtype=getattr(torch, dtype))
+        self._attach(target, tokenizer, None if is_path(model) else str(model), seed, max_num_seqs, max_model_len)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        speculative_config: Mapping[str, Any] | None = None,
+        catalog_model: str | None = None,
+        seed: int = 0,
+        max_num_seqs: int = 16,
+        max_model_len: int | None = None,
+    ) -> LLM:
+        """An ``LLM`` over a model already loaded: the CLI loads with progress, and a plain baseline shares weights.
+
+        ``catalog_model`` names the catalog model it is, whose shipped drafter weights a built-in drafter loads.
+        """
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        llm = cls.__new__(cls)
+        llm.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        llm._attach(model, tokenizer, catalog_model, seed, max_num_seqs, max_model_len)
+        return llm
+
+    def _attach(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        catalog_model: str | None,
+        seed: int,
+        max_num_seqs: int,
+        max_model_len: int | None,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
         limit = self.model.config.max_model_len
         if max_model_len is not None and not 1 < max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [2, {limit}] (the model's context), got {max_model_len}")
         self.max_model_len = max_model_len or limit
         self.seed = seed
         self.max_num_seqs = max_num_seqs
-        self._catalog_model = None if is_path(model) else str(model)
+        self._catalog_model = catalog_model
         self._next_id = 0
+        self.last_speculator: Speculator | None = None
+        """The drafter of the latest call (a fresh one per call), for callers that report on its weights."""
+        self.drafter_notice: str | None = None
+        """Why a built-in drafter runs on fresh weights although shipped ones were looked for, if it does."""
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
@@ -187,22 +248,83 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts; pass one, or one per prompt")
         return list(params)
 
-    def _run(
-        self, texts: list[str | None], prompts: list[list[int]], params: list[SamplingParams]
-    ) -> list[RequestOutput]:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> StreamedOutput:
+        """Complete one prompt, handing ``on_text`` each new piece of text as the engine accepts tokens.
+
+        A speculative step accepts up to K + 1 tokens, so text arrives in
+        bursts; a character split across tokens is never shown half-done. With
+        stop strings, the last ``len(longest stop) - 1`` characters are held
+        back until they cannot begin one, so no part of a stop string is shown.
+        """
+        params = sampling_params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        self._check_prompts([ids])
+        engine = self._engine([ids], [params])
+        rid = f"{self._next_id}"
+        self._next_id += 1
+        request = self._add(engine, rid, ids, params)
+        decoder = self.tokenizer.stream(skip_special_tokens=True)
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        seen, shown, chunks = "", 0, 0
+
+        def show(upto: int) -> None:
+            nonlocal shown, chunks
+            if upto > shown:
+                if on_text is not None:
+                    on_text(seen[shown:upto])
+                shown, chunks = upto, chunks + 1
+
+        stopped: tuple[int, str] | None = None
+        start, first_token = time.perf_counter(), 0.0
+        with torch.inference_mode():
+            while engine.has_work:
+                emitted = engine.step().emitted.get(rid)
+                if not emitted:
+                    continue
+                first_token = first_token or time.perf_counter() - start
+                seen += decoder.push(emitted)
+                stopped = first_stop(seen, params.stop)
+                if stopped is not None:
+                    if rid in engine.requests:
+                        engine.abort(rid)
+                    break
+                show(len(seen) - hold)
+        if stopped is None:
+            seen += decoder.flush()
+            stopped = first_stop(seen, params.stop)
+        show(len(seen) if stopped is None else stopped[0])
+        wall = time.perf_counter() - start
+        hit = None if stopped is None else (seen[: stopped[0]], stopped[1])
+        output = self._output(rid, prompt if isinstance(prompt, str) else None, request, hit)
+        return StreamedOutput(output, chunks, wall, first_token, engine.metrics, request.finish_reason)
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty; at least one token is needed")
             if len(prompt) >= self.max_model_len:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; the context is {self.max_model_len}")
+
+    def _add(self, engine: Engine, rid: str, prompt: list[int], params: SamplingParams) -> Request:
+        stops = () if params.ignore_eos else self.tokenizer.stop_token_ids
+        seed = params.seed if params.seed is not None else (self.seed + int(rid) if params.temperature > 0 else None)
+        return engine.add_request(rid, prompt, params=params, stop_token_ids=stops, seed=seed)
+
+    def _run(
+        self, texts: list[str | None], prompts: list[list[int]], params: list[SamplingParams]
+    ) -> list[RequestOutput]:
+        self._check_prompts(prompts)
         engine = self._engine(prompts, params)
         ids = [f"{self._next_id + i}" for i in range(len(prompts))]
         self._next_id += len(prompts)
         requests = {}
         for rid, prompt, p in zip(ids, prompts, params, strict=True):
-            stops = () if p.ignore_eos else self.tokenizer.stop_token_ids
-            seed = p.seed if p.seed is not None else (self.seed + int(rid) if p.temperature > 0 else None)
-            requests[rid] = engine.add_request(rid, prompt, params=p, stop_token_ids=stops, seed=seed)
+            requests[rid] = self._add(engine, rid, prompt, p)
         stopped: dict[str, tuple[str, str]] = {}
         with torch.inference_mode():
             while engine.has_work:
@@ -229,6 +351,7 @@ class LLM:
             max_model_len=self.max_model_len,
         )
         config = EngineConfig(num_blocks=blocks + 1, block_size=BLOCK_SIZE, seed=self.seed, scheduler=scheduler)
+        self.last_speculator = speculator
         return Engine(self.model, config, speculator=speculator)
 
     def _speculator(self) -> Speculator | None:
@@ -240,8 +363,8 @@ class LLM:
         if "pretrained" not in options and self._catalog_model is not None and names_option(factory, "pretrained"):
             try:  # the drafter's shipped weights for this model, where there are any
                 return factory(self.model, **options, pretrained=self._catalog_model)
-            except FileNotFoundError:
-                pass  # none shipped for this model: a freshly seeded drafter, which is still lossless
+            except FileNotFoundError as exc:  # none shipped for this model: a freshly seeded drafter, still lossless
+                self.drafter_notice = f"{exc}; drafting with random weights"
         return factory(self.model, **options)
 
     def _stop_string(self, request: Request, params: SamplingParams) -> tuple[str, str] | None:
@@ -249,10 +372,10 @@ class LLM:
         if not params.stop:
             return None
         text = self.tokenizer.decode(request.output, skip_special_tokens=True)
-        found = [(text.find(s), s) for s in params.stop if s in text]
-        if not found:
+        found = first_stop(text, params.stop)
+        if found is None:
             return None
-        at, stop = min(found)
+        at, stop = found
         return text[:at], stop
 
     def _output(self, rid: str, text: str | None, request: Request, stopped: tuple[str, str] | None) -> RequestOutput:
@@ -267,3 +390,9 @@ class LLM:
             reason, why = ("stop", ended) if ended is not None else ("length", None)
         completion = CompletionOutput(0, body, tokens, reason, why)
         return RequestOutput(rid, text, list(request.prompt), [completion], request.metrics)
+
+
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """Where the earliest stop string in ``text`` begins, and which it is (None when none occurs)."""
+    found = [(text.find(s), s) for s in stops if s in text]
+    return min(found) if found else None

@@ -55,7 +55,9 @@ class Drafter:
         return create(self.name, target, **self.options)
 
 
-def resolve_drafter(name: str, target: Transformer, *, k: int, weights: str, model: str) -> Drafter:
+def resolve_drafter(
+    name: str, target: Transformer, *, k: int, weights: str, model: str, extra: dict[str, Any] | None = None
+) -> Drafter:
     """Trained weights shipped for ``model`` when asked (``auto``: when there are any), else freshly seeded ones.
 
     The speculator's own ``weights_source`` attribute is reported when it has
@@ -63,7 +65,7 @@ def resolve_drafter(name: str, target: Transformer, *, k: int, weights: str, mod
     """
     from specdec.cli.streaming import drafter_weights_are_random
 
-    options: dict[str, Any] = {"num_spec_tokens": k}
+    options: dict[str, Any] = {"num_spec_tokens": k, **(extra or {})}
     note = ""
     if weights != "random" and names_option(name, "pretrained"):
         try:
@@ -208,7 +210,14 @@ def run_bench(
 ) -> dict[str, Any]:
     """The whole bench on an already loaded target; returns the JSON report (without plots)."""
     drafters = {
-        name: resolve_drafter(name, target, k=options.k, weights=options.weights, model=options.model)
+        name: resolve_drafter(
+            name,
+            target,
+            k=options.k,
+            weights=options.weights,
+            model=options.model,
+            extra=options.options_for(name),
+        )
         for name in options.backends
     }
     runners: list[Runner] = [EngineRunner(PLAIN, target)]
@@ -338,6 +347,23 @@ def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int)
     return total
 
 
+def check_backend_options(options: BenchOptions) -> None:
+    """Each ``-O`` key is taken by at least one compared backend, and each backend accepts its values' keys."""
+    from specdec.backend_registry import factory_for
+    from specdec.cli.backend_options import checked
+    from specdec.cli.errors import UsageError
+    from specdec.llm import factory_options
+
+    for key, _ in options.backend_options:
+        if key == "pretrained":
+            raise UsageError("-O pretrained: bench chooses drafter weights with --weights auto|trained|random")
+        if not any(key in factory_options(factory_for(b)) for b in options.backends):
+            takes = "; ".join(f"{b}: {', '.join(factory_options(factory_for(b))) or 'none'}" for b in options.backends)
+            raise UsageError(f"-O {key}: no compared backend takes it ({takes or 'no backend compared'})")
+    for backend in options.backends:
+        checked(backend, options.k, options.options_for(backend))
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model and the suites, start the peer, run, write; 0 on success, 1/2 on missing model / bad input."""
     from rich.console import Console
@@ -362,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
     check_model(options.model)
     for backend in options.backends:
         check_backend(backend)
+    check_backend_options(options)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     peer: TransformersPeer | None = None

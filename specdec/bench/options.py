@@ -12,7 +12,8 @@ import torch
 from specdec.bench.output import DOCS_PATH
 from specdec.bench.runner import PLAIN
 from specdec.bench.suites import SUITES
-from specdec.cli.lists import comma_list
+from specdec.cli.argtypes import LIST_HELP, add_backends_option, list_of
+from specdec.cli.backend_options import OptionValue, backend_option, collect
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
@@ -47,6 +48,16 @@ class BenchOptions:
     prompt_lookup: int = 10
     """transformers' own speculative peer: ``generate(prompt_lookup_num_tokens=N)`` beside its plain generate; 0: off."""
     seed: int = 0
+    backend_options: tuple[tuple[str, OptionValue], ...] = ()
+    """``-O KEY=VALUE``: each goes to every compared backend whose factory takes KEY."""
+
+    def options_for(self, backend: str) -> dict[str, OptionValue]:
+        """The ``-O`` options ``backend``'s factory takes."""
+        from specdec.backend_registry import factory_for
+        from specdec.llm import factory_options
+
+        takes = set(factory_options(factory_for(backend)))
+        return {key: value for key, value in self.backend_options if key in takes}
 
     def __post_init__(self) -> None:
         bad = [s for s in self.suites if s not in SUITES]
@@ -140,6 +151,8 @@ class BenchOptions:
         args += ["--draft-length", self.draft_length]
         if self.contract_backend is not None:
             args += ["--contract-backend", self.contract_backend]
+        for key, value in self.backend_options:
+            args += ["-O", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
         if not self.peer:
             args.append("--no-peer")
         elif self.prompt_lookup != BenchOptions.prompt_lookup:
@@ -166,19 +179,41 @@ QUICK: dict[str, Any] = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="the target, from `specdec models list` (must be pulled)")
-    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated prompt suites (default all)")
     p.add_argument(
-        "--backends",
-        default=",".join(DEFAULT_BACKENDS),
-        help="comma-separated backends to compare with plain decoding ('none': plain only)",
+        "--suites",
+        action="extend",
+        type=list_of(),
+        help=f"prompt suites {LIST_HELP} (default: all: {', '.join(SUITES)})",
+    )
+    add_backends_option(
+        p,
+        f"backends to compare with plain decoding {LIST_HELP}; 'none': plain only "
+        f"(default: {','.join(DEFAULT_BACKENDS)})",
     )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4, help="draft tokens per step, every backend")
+    p.add_argument(
+        "--backend-option",
+        "-O",
+        dest="backend_option",
+        action="append",
+        type=backend_option,
+        metavar="KEY=VALUE",
+        help="an option for every compared backend whose factory takes KEY, e.g. -O capacity=threshold for dspark "
+        "(repeatable); a KEY none of them takes is refused",
+    )
     p.add_argument("--max-tokens", type=int, help="new tokens per prompt at most (default 64; --quick 8)")
     p.add_argument("--singles", type=int, help="prompts per suite run alone, batch 1 (default 4; --quick 1)")
     p.add_argument("--group-size", type=int, help="the larger batch size (default 8; --quick 2)")
     p.add_argument("--groups", type=int, help="batches of --group-size per suite (default 1)")
-    p.add_argument("--batch-sizes", help="comma-separated: 1 and/or the group size (default both)")
-    p.add_argument("--temperatures", help="comma-separated sampling temperatures (default 0,1; 0 is greedy)")
+    p.add_argument(
+        "--batch-sizes", action="extend", type=list_of(), help=f"1 and/or the group size {LIST_HELP} (default both)"
+    )
+    p.add_argument(
+        "--temperatures",
+        action="extend",
+        type=list_of(),
+        help=f"sampling temperatures {LIST_HELP} (default 0,1; 0 is greedy)",
+    )
     p.add_argument("--repeats", type=int, help="interleaved rounds per batch (default 2; --quick 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="longer prompts are skipped, not cut")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
@@ -234,8 +269,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     base = replace(BenchOptions(), **QUICK) if args.quick else BenchOptions()
     given: dict[str, Any] = {
         "model": args.model,
-        "suites": tuple(comma_list(args.suites)),
-        "backends": () if args.backends.strip() == "none" else tuple(comma_list(args.backends)),
+        "suites": SUITES if args.suites is None else tuple(args.suites),
+        "backends": _backends(args.backends),
         "k": args.num_spec_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "dtype": args.dtype,
@@ -248,17 +283,29 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "prompt_lookup": args.prompt_lookup,
         "draft_length": args.draft_length,
         "seed": args.seed,
+        "backend_options": tuple(collect(args.backend_option).items()),
     }
     for name in ("max_tokens", "singles", "group_size", "groups", "repeats", "contract_prompts"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     try:
         if args.batch_sizes is not None:
-            given["batch_sizes"] = tuple(int(v) for v in comma_list(args.batch_sizes))
+            given["batch_sizes"] = tuple(int(v) for v in args.batch_sizes)
         elif "group_size" in given:
             given["batch_sizes"] = (1, given["group_size"])
         if args.temperatures is not None:
-            given["temperatures"] = tuple(float(v) for v in comma_list(args.temperatures))
+            given["temperatures"] = tuple(float(v) for v in args.temperatures)
     except ValueError as exc:
         raise ValueError(f"--batch-sizes and --temperatures take comma-separated numbers: {exc}") from None
     return replace(base, **given)  # values checked by BenchOptions.__post_init__
+
+
+def _backends(given: list[str] | None) -> tuple[str, ...]:
+    """``--backend`` as given (``none`` alone: plain decoding only), else the default three."""
+    if given is None:
+        return DEFAULT_BACKENDS
+    if "none" in given:
+        if given != ["none"]:
+            raise ValueError(f"--backend none means plain decoding only; it cannot be listed with {given}")
+        return ()
+    return tuple(given)

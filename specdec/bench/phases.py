@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from specdec.bench.options import DEFAULT_BACKENDS
 from specdec.metrics import SpeculationCounters
 
 PLAIN = "plain"
@@ -148,14 +149,10 @@ def report(runners: Sequence[RunnerPhases]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.bench.suites import SUITES
-    from specdec.cli.argtypes import float_in, positive_int
+    from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, positive_int
 
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
-    p.add_argument(
-        "--backends",
-        default="eagle,dflash,dspark",
-        help="comma-separated; plain is always run (default: eagle,dflash,dspark)",
-    )
+    add_backends_option(p, f"backends {LIST_HELP}; plain is always run (default: {','.join(DEFAULT_BACKENDS)})")
     p.add_argument("--suite", default="humaneval", choices=SUITES, help="prompt suite (default: humaneval)")
     p.add_argument(
         "--prompts", type=positive_int, default=4, help="the suite's first bench prompts, each alone (default: 4)"
@@ -195,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
     from specdec.backend_registry import create, names_option
     from specdec.bench.suites import corpus_prompts, encode
     from specdec.cli.errors import UsageError, check_backend, check_model
-    from specdec.cli.lists import comma_list
     from specdec.hub import load
 
     check_model(args.model)
-    for name in comma_list(args.backends):
+    backends = list(DEFAULT_BACKENDS) if args.backends is None else args.backends
+    for name in backends:
         if name == PLAIN:
             raise UsageError(f"{PLAIN!r} always runs as the baseline; list only backends in --backends")
         check_backend(name)
@@ -208,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
-    names = [PLAIN, *comma_list(args.backends)]
+    names = [PLAIN, *backends]
 
     def factory(name: str) -> Callable[[], Any]:
         if name == PLAIN:

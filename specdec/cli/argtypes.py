@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 MAX_SEED = 2**63 - 1
 """torch.Generator seeds are 64-bit: larger values overflow inside torch."""
@@ -49,3 +52,43 @@ def float_in(low: float, high: float | None = None, *, low_open: bool = False) -
 positive_int = int_in(1)
 non_negative_int = int_in(0)
 seed = int_in(0, MAX_SEED)
+
+
+def list_of(
+    item: Callable[[str], T] | None = None, *, choices: Sequence[str] | None = None
+) -> Callable[[str], list[T]]:
+    """The one multi-value convention: an option that may be repeated, each value a comma list.
+
+    Used with ``action="extend"`` and ``default=None``, so ``-b eagle -b dflash,dspark`` gives
+    ``["eagle", "dflash", "dspark"]`` and an option not given stays ``None``. Spaces around
+    items and empty items are dropped (``"a, ,b,"`` is ``a, b``). Each item is checked by
+    ``item`` (e.g. ``positive_int``) or against ``choices``; a bad one names itself and what
+    was expected.
+    """
+
+    def parse(text: str) -> list[T]:
+        values: list[T] = []
+        for word in comma_items(text):
+            if choices is not None and word not in choices:
+                raise argparse.ArgumentTypeError(f"unknown {word!r}; expected some of {', '.join(choices)}")
+            values.append(word if item is None else item(word))  # type: ignore[arg-type]
+        return values
+
+    parse.__name__ = "list"
+    return parse
+
+
+def comma_items(text: str) -> list[str]:
+    """The items of one comma list, stripped, empty ones dropped."""
+    return [word for word in (part.strip() for part in text.split(",")) if word]
+
+
+LIST_HELP = "(repeatable, each a comma list)"
+BACKENDS_HELP = f"backends: installed names or module:factory specs {LIST_HELP}"
+
+
+def add_backends_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--backend/-b`` (``--backends`` is the same option), spelled alike in every command that takes several."""
+    p.add_argument(
+        "--backend", "-b", "--backends", dest="backends", action="extend", type=list_of(), metavar="NAMES", help=help
+    )

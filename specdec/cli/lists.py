@@ -1,12 +1,16 @@
-"""Comma-separated option values (``--backends eagle,dflash``), parsed one way everywhere.
+"""Comma-separated option values, parsed one way everywhere.
 
-The ``specdec`` command line, ``specdec bench``, ``specdec bench-phases``, the
-pytest plugin's options and the training command line all take lists this way.
+The command line takes several values the way ``specdec.cli.argtypes.list_of``
+says (an option may be repeated, each value a comma list); ``comma_list`` is the
+same item rule for a value that arrives as one string (the pytest plugin's
+options, the training command line).
 """
 
 from __future__ import annotations
 
 from typing import overload
+
+from specdec.cli.argtypes import comma_items
 
 
 @overload
@@ -29,4 +33,4 @@ def comma_list(text: str | None) -> list[str] | None:
     """
     if text is None:
         return None
-    return [item for item in (part.strip() for part in text.split(",")) if item]
+    return comma_items(text)

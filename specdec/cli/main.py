@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-from specdec.cli.argtypes import positive_int, seed
+from specdec.cli.argtypes import BACKENDS_HELP, LIST_HELP, add_backends_option, list_of, positive_int, seed
 from specdec.cli.errors import (
     EXIT_USAGE,
     Parser,
@@ -27,7 +27,6 @@ from specdec.cli.errors import (
     check_model,
     report,
 )
-from specdec.cli.lists import comma_list
 
 
 def _contracts(args: argparse.Namespace) -> int:
@@ -97,10 +96,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
     from specdec.bench.decode import main as decode_main
 
     check_model(args.model)
-    dtypes = comma_list(args.dtypes) or ["float32", "bfloat16"]
-    unknown = [d for d in dtypes if d not in ("float32", "bfloat16")]
-    if unknown:
-        raise UsageError(f"--dtypes: unknown {', '.join(unknown)}; expected float32, bfloat16 or both")
+    dtypes = args.dtypes or ["float32", "bfloat16"]
 
     return decode_main(
         args.model,
@@ -155,21 +151,21 @@ def _matrix(args: argparse.Namespace) -> int:
     from specdec.testing.matrix import FAMILIES, TENSOR_MODES
     from specdec.testing.matrix import main as matrix_main
 
-    for backend in args.backend or ():
+    for backend in args.backends or ():
         check_backend(backend)
     for option, given, known in (
-        ("--families", comma_list(args.families), sorted(FAMILIES)),
-        ("--tensor-modes", comma_list(args.tensor_modes), list(TENSOR_MODES)),
+        ("--families", args.families, sorted(FAMILIES)),
+        ("--tensor-modes", args.tensor_modes, list(TENSOR_MODES)),
     ):
         unknown = [name for name in given or () if name not in known]
         if unknown:
             raise UsageError(f"{option}: unknown {', '.join(unknown)}; expected some of {', '.join(known)}")
 
     return matrix_main(
-        args.backend,
-        families=comma_list(args.families),
+        args.backends,
+        families=args.families,
         examples=args.examples,
-        tensor_modes=comma_list(args.tensor_modes) or ["cpu", "fake-cuda", "cuda"],
+        tensor_modes=args.tensor_modes or ["cpu", "fake-cuda", "cuda"],
         seed=args.seed,
         json_path=args.json,
         junit_path=args.junit,
@@ -193,10 +189,10 @@ def _mutate(args: argparse.Namespace) -> int:
     from specdec.testing.mutation import main as mutate_main
 
     try:
-        get(comma_list(args.mutants))
+        get(args.mutants)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return mutate_main(comma_list(args.mutants), args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
+    return mutate_main(args.mutants, args.examples or DEFAULT_EXAMPLES, args.seed, args.json)
 
 
 @dataclass(frozen=True)
@@ -251,7 +247,12 @@ def _bench_decode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="greedy tokens decoded per run (default: 64)")
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per side; medians are reported (default: 3)")
-    p.add_argument("--dtypes", help="comma-separated: float32, bfloat16 (default: both)")
+    p.add_argument(
+        "--dtypes",
+        action="extend",
+        type=list_of(choices=("float32", "bfloat16")),
+        help=f"float32, bfloat16 {LIST_HELP} (default: both)",
+    )
     p.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
     p.add_argument(
         "--reference",
@@ -273,9 +274,7 @@ def _models_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _matrix_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend", "-b", action="append", help="backend name or module:factory (repeatable; default: built-ins)"
-    )
+    add_backends_option(p, f"{BACKENDS_HELP} (default: the built-ins)")
     p.add_argument(
         "--examples",
         "-n",
@@ -285,10 +284,15 @@ def _matrix_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--families",
-        help="comma-separated (default: all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",
+        action="extend",
+        type=list_of(),
+        help=f"{LIST_HELP} (default: all): dp, graph, draft-length, chunked-prefill, acceptance, sampling, capacity",
     )
     p.add_argument(
-        "--tensor-modes", help="comma-separated: cpu, fake-cuda, cuda (default: all; cuda is skipped without a GPU)"
+        "--tensor-modes",
+        action="extend",
+        type=list_of(),
+        help=f"cpu, fake-cuda, cuda {LIST_HELP} (default: all; cuda is skipped without a GPU)",
     )
     p.add_argument("--seed", type=seed, default=0, help="Hypothesis seed (default: 0)")
     p.add_argument(
@@ -307,7 +311,9 @@ def _matrix_arguments(p: argparse.ArgumentParser) -> None:
 def _mutate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mutants",
-        help="comma-separated mutant names (default: all, the runtime's own and every installed specdec.mutants "
+        action="extend",
+        type=list_of(),
+        help=f"mutant names {LIST_HELP} (default: all, the runtime's own and every installed specdec.mutants "
         "corpus; see docs/mutation.md)",
     )
     p.add_argument("--examples", "-n", type=positive_int, help="generated examples per mutant (default: 25)")

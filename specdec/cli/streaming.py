@@ -37,6 +37,8 @@ class StreamResult:
     wall_s: float
     first_token_s: float
     metrics: RunMetrics
+    stop_string: str | None = None
+    """The ``--stop`` text that ended it, if one did (the engine then reports it aborted)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -161,6 +163,8 @@ def summary_line(
             f"speedup at most ~{result.tokens_per_forward:.2f}x (tokens per target forward; drafting not counted)"
         )
     finish = result.finish_reason.value if result.finish_reason is not None else "unfinished"
+    if result.stop_string is not None:
+        finish = f"stop_string {result.stop_string!r}"
     fields.append(f"finish {finish}")
     line = "  ".join(fields)
     if random_drafter:

@@ -181,6 +181,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--contracts", default="shapes", choices=("off", "shapes", "full"), help="contract mode (default: shapes)"
     )
     p.add_argument("--quick", action="store_true", help="a small part of the matrix")
-    p.add_argument("--methods", type=lambda s: [m for m in s.split(",") if m], help="comma list (default: all)")
+    from specdec.cli.argtypes import LIST_HELP, list_of
+
+    p.add_argument("--methods", action="extend", type=list_of(), help=f"{LIST_HELP} (default: all)")
     p.add_argument("--json", help="write every scenario's result to this file")
     p.set_defaults(func=run)
