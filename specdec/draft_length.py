@@ -138,11 +138,13 @@ def best_draft_lengths(
 class DraftLengthPolicy:
     """The engine's per-step choice of each request's draft length (``adaptive``), and what it learns from."""
 
-    def __init__(self, num_spec_tokens: int, *, probe_every: int = 16) -> None:
+    def __init__(self, num_spec_tokens: int, *, probe_every: int = 16, cost: StepCost | None = None) -> None:
+        """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before."""
         if num_spec_tokens < 1 or probe_every < 1:
             raise ValueError(f"num_spec_tokens and probe_every must be >= 1, got {num_spec_tokens}, {probe_every}")
         self.num_spec_tokens = num_spec_tokens
         self.cost = StepCostModel()
+        self.known_cost = cost
         self.acceptance = AcceptanceRates(num_spec_tokens)
         self.probe_every = probe_every
         self.decisions = 0
@@ -153,8 +155,8 @@ class DraftLengthPolicy:
         """Draft lengths for the requests that may draft next step (each in 0..K)."""
         k = self.num_spec_tokens
         self.decisions += 1
-        cost = self.cost.fitted
-        if cost is None or self.decisions <= len(CALIBRATION):
+        cost = self.known_cost or self.cost.fitted
+        if cost is None or (self.known_cost is None and self.decisions <= len(CALIBRATION)):
             share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
             length = min(k, int(-(-share * k // 1)))
             return dict.fromkeys(req_ids, length)
@@ -175,7 +177,7 @@ class DraftLengthPolicy:
 
     def record_step(self, *, rows: int, max_draft: int, seconds: float, prefill: bool) -> None:
         """One measured step; prefill steps and an idle DP rank's dummy step (no rows of its own) teach nothing."""
-        if not prefill and rows:
+        if not prefill and rows and self.known_cost is None:
             self.cost.observe(rows, max_draft, seconds)
 
     def forget(self, req_id: str) -> None:

@@ -1,0 +1,111 @@
+"""The engine under the adaptive draft length: lossless, drafts only what pays, verifies no more than its budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from tests_support import perturbed_copy
+
+from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
+from specdec.draft_length import DraftLengthPolicy
+from specdec.engine import Engine, EngineConfig
+from specdec.nn.config import ModelConfig
+from specdec.nn.transformer import Transformer
+from specdec.sampling import SamplingParams
+from specdec.scheduler import SchedulerConfig
+from specdec.speculator import DraftContext, Proposal, TargetStep
+from specdec.step_cost import StepCost
+
+CONFIG = EngineConfig(num_blocks=256, block_size=4, scheduler=SchedulerConfig(max_model_len=96))
+ADAPTIVE = EngineConfig(
+    num_blocks=256, block_size=4, scheduler=SchedulerConfig(max_model_len=96), draft_length="adaptive"
+)
+PROMPTS = [(3, 17, 40), (5, 9), (11, 12, 13, 14)]
+DRAFTS_PAY = StepCost(base=0.02, per_row=0.0005, per_proposal=0.001, per_draft=0.0005)
+DRAFTS_NEVER_PAY = StepCost(base=0.02, per_row=0.02, per_proposal=0.05, per_draft=0.02)
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return Transformer(ModelConfig.tiny(), seed=0)
+
+
+def run(engine: Engine, max_tokens: int = 40) -> tuple[list[list[int]], list[int], int]:
+    """Outputs by prompt, drafts verified per request step, verify steps."""
+    reqs = [engine.add_request(f"q{i}", p, max_tokens=max_tokens) for i, p in enumerate(PROMPTS)]
+    while engine.has_work:
+        engine.step()
+    drafted = [r.metrics.drafted for r in reqs]
+    return [list(r.output) for r in reqs], drafted, sum(r.metrics.verify_steps for r in reqs)
+
+
+def plain(target: Transformer) -> list[list[int]]:
+    return run(Engine(target, CONFIG))[0]
+
+
+def self_drafter(target: Transformer) -> AutoregressiveSpeculator:
+    return AutoregressiveSpeculator(ModelDrafter(target), num_spec_tokens=4, name="self")
+
+
+def test_a_drafter_the_target_agrees_with_drafts_k_every_step(target: Transformer) -> None:
+    policy = DraftLengthPolicy(4, cost=DRAFTS_PAY)
+    outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=policy))
+    assert outputs == plain(target)
+    assert sum(drafted) > 3.5 * steps  # the pooled prior (0.5) already pays at this cost: K from the first decode
+
+
+def test_drafts_that_never_pay_make_it_plain_decoding_but_for_probes(target: Transformer) -> None:
+    bad = AutoregressiveSpeculator(ModelDrafter(perturbed_copy(target, 5.0, 1)), num_spec_tokens=4, name="bad")
+    policy = DraftLengthPolicy(4, cost=DRAFTS_NEVER_PAY, probe_every=8)
+    outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=bad, draft_policy=policy))
+    assert outputs == plain(target)
+    assert sum(drafted) <= steps // 8 + len(PROMPTS)  # one-draft probes only
+
+
+def test_the_measured_policy_is_lossless_greedy_and_varies_its_lengths(target: Transformer) -> None:
+    spec = AutoregressiveSpeculator(ModelDrafter(perturbed_copy(target, 0.6, 3)), num_spec_tokens=4, name="p")
+    engine = Engine(target, ADAPTIVE, speculator=spec)
+    outputs, _, _ = run(engine)
+    assert outputs == plain(target)
+    assert engine.draft_policy is not None and engine.draft_policy.cost.fitted is not None
+
+
+class OneDraft(DraftLengthPolicy):
+    """A policy that always allows one draft: what the engine then verifies is the test's subject."""
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+        return dict.fromkeys(req_ids, 1)
+
+
+class IgnoresBudget(AutoregressiveSpeculator):
+    """Drafts K whatever the budget, as a third-party drafter that never reads ``step.max_drafts`` would."""
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        full = TargetStep(**{**step.__dict__, "max_drafts": ()})
+        return super().propose(full, ctx)
+
+
+def test_the_engine_verifies_no_more_drafts_than_the_budget(target: Transformer) -> None:
+    spec = IgnoresBudget(ModelDrafter(target), num_spec_tokens=4, name="ignores")
+    outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=spec, draft_policy=OneDraft(4)))
+    assert outputs == plain(target)
+    assert 0 < sum(drafted) <= steps
+
+
+def test_sampling_under_the_adaptive_length_stays_valid(target: Transformer) -> None:
+    engine = Engine(target, ADAPTIVE, speculator=self_drafter(target))
+    params = SamplingParams(temperature=1.0)
+    reqs = [engine.add_request(f"s{i}", p, params=params, max_tokens=30, seed=i) for i, p in enumerate(PROMPTS)]
+    while engine.has_work:
+        engine.step()
+    assert all(len(r.output) == 30 for r in reqs)
+
+
+def test_a_policy_for_another_k_or_a_fixed_engine_is_refused(target: Transformer) -> None:
+    with pytest.raises(ValueError, match="draft_policy"):
+        Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=DraftLengthPolicy(3))
+    with pytest.raises(ValueError, match="draft_policy"):
+        Engine(target, CONFIG, speculator=self_drafter(target), draft_policy=DraftLengthPolicy(4))
+    with pytest.raises((ValueError, TypeError), match="draft_length"):  # TypeError: under the type hook
+        EngineConfig(draft_length="sometimes")  # type: ignore[arg-type]

@@ -1,0 +1,143 @@
+"""The adaptive draft length: the step-cost fit, acceptance by position, and the batch's best draft lengths."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec.draft_length import CALIBRATION, AcceptanceRates, DraftLengthPolicy, best_draft_lengths
+from specdec.step_cost import StepCost, StepCostModel
+
+TRUE = StepCost(base=0.020, per_row=0.0015, per_proposal=0.004, per_draft=0.002)
+
+
+def test_cost_fit_recovers_the_coefficients_of_noisy_steps() -> None:
+    model, rng = StepCostModel(), random.Random(0)
+    for _ in range(200):
+        rows, draft = rng.randint(1, 40), rng.randint(0, 4)
+        model.observe(rows, draft, TRUE.seconds(rows, draft) * rng.uniform(0.97, 1.03))
+    fit = model.fitted
+    assert fit is not None
+    assert fit.base == pytest.approx(TRUE.base, rel=0.1)
+    assert fit.per_row == pytest.approx(TRUE.per_row, rel=0.1)
+    assert fit.per_proposal == pytest.approx(TRUE.per_proposal, rel=0.35)
+    assert fit.per_draft == pytest.approx(TRUE.per_draft, rel=0.2)
+
+
+def test_cost_fit_waits_until_the_samples_pin_it_down() -> None:
+    model = StepCostModel()
+    for rows in (1, 2, 3, 4):  # every step drafted the same: drafting cost and base cannot be told apart
+        model.observe(rows, 4, TRUE.seconds(rows, 4))
+    assert model.fitted is None and not model.identifiable
+    model.observe(1, 0, TRUE.seconds(1, 0))
+    assert model.fitted is not None
+    assert model.fitted.per_draft == 0.0  # one non-zero draft length: per_proposal carries the whole proposal
+    assert model.fitted.seconds(1, 4) == pytest.approx(TRUE.seconds(1, 4))
+
+
+def test_cost_fit_never_prices_a_draft_below_zero() -> None:
+    model = StepCostModel()
+    # Longer drafts measured faster (noise): the plain fit would give per_draft < 0, i.e. "drafting more is free".
+    for rows, draft, t in [(1, 0, 0.02), (2, 1, 0.03), (3, 2, 0.028), (5, 4, 0.025), (1, 0, 0.021), (5, 4, 0.024)]:
+        model.observe(rows, draft, t)
+    fit = model.fitted
+    assert fit is not None and min(fit.per_row, fit.per_proposal, fit.per_draft) >= 0.0
+
+
+@pytest.mark.parametrize("bad", [(0, 0, 0.01), (1, -1, 0.01), (1, 0, 0.0), (1, 0, float("nan"))])
+def test_a_bad_step_sample_is_refused(bad: tuple[int, int, float]) -> None:
+    with pytest.raises(ValueError, match="step sample"):
+        StepCostModel().observe(*bad)
+
+
+def test_acceptance_counts_each_position_given_the_ones_before() -> None:
+    rates = AcceptanceRates(4, pool_decay=1.0)
+    rates.record("a", 4, 1)  # position 1 accepted, 2 rejected, 3 and 4 never verified
+    rates.record("a", 4, 4)
+    assert rates.pooled() == [pytest.approx(3 / 4), pytest.approx(2 / 4), pytest.approx(2 / 3), pytest.approx(2 / 3)]
+    assert rates.gains("b") == pytest.approx([3 / 4, 3 / 8, 1 / 4, 1 / 6])  # a new request starts at the pool
+    rates.forget("a")
+    assert rates.rates("a") == rates.pooled()
+    with pytest.raises(ValueError, match="accepted"):
+        rates.record("a", 2, 3)
+
+
+def test_a_request_pulls_its_own_estimate_away_from_the_pool() -> None:
+    rates = AcceptanceRates(2, pool_decay=1.0)
+    for _ in range(20):
+        rates.record("good", 2, 2)
+        rates.record("bad", 2, 0)
+    assert rates.rates("good")[0] > 0.85 and rates.rates("bad")[0] < 0.15
+
+
+def test_the_policy_drafts_all_k_for_a_drafter_the_target_agrees_with() -> None:
+    assert best_draft_lengths({"a": [0.95, 0.9, 0.85, 0.8]}, TRUE, base_rows=1, num_sampling=1) == {"a": 4}
+
+
+def test_the_policy_drafts_nothing_when_drafts_are_rejected() -> None:
+    assert best_draft_lengths({"a": [0.05, 0.0, 0.0, 0.0]}, TRUE, base_rows=1, num_sampling=1) == {"a": 0}
+
+
+def test_the_policy_drafts_only_for_the_requests_that_pay() -> None:
+    cheap = StepCost(base=0.02, per_row=0.001, per_proposal=0.0, per_draft=0.0)
+    lengths = best_draft_lengths({"good": [0.9, 0.8], "bad": [0.01, 0.0]}, cheap, base_rows=2, num_sampling=2)
+    assert lengths == {"good": 2, "bad": 0}
+
+
+def _rate(lengths: dict[str, int], gains: dict[str, list[float]], cost: StepCost, n: int) -> float:
+    tokens = n + sum(sum(gains[r][:k]) for r, k in lengths.items())
+    return tokens / cost.seconds(n + sum(lengths.values()), max(lengths.values(), default=0))
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[dict[str, list[float]], StepCost]:
+    k = draw(st.integers(1, 3))
+    gains: dict[str, list[float]] = {}
+    for r in range(draw(st.integers(1, 3))):
+        survive, g = 1.0, []
+        for _ in range(k):
+            survive *= draw(st.floats(0.0, 0.99))
+            g.append(survive)
+        gains[f"r{r}"] = g
+    unit = st.floats(0.0, 0.01)
+    cost = StepCost(draw(st.floats(0.001, 0.05)), draw(unit), draw(unit), draw(unit))
+    return gains, cost
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches())
+def test_the_chosen_lengths_are_the_best_of_every_combination(case: tuple[dict[str, list[float]], StepCost]) -> None:
+    gains, cost = case
+    n = len(gains)
+    chosen = best_draft_lengths(gains, cost, base_rows=n, num_sampling=n)
+    k = len(next(iter(gains.values())))
+    best = max(
+        _rate(dict(zip(gains, combo, strict=True)), gains, cost, n)
+        for combo in itertools.product(range(k + 1), repeat=n)
+    )
+    assert _rate(chosen, gains, cost, n) == pytest.approx(best, rel=1e-9)
+
+
+def test_the_policy_calibrates_then_optimises_then_probes_an_idle_request() -> None:
+    policy = DraftLengthPolicy(4, probe_every=3)
+    seen = [policy.choose(["a"], base_rows=1)["a"] for _ in CALIBRATION]
+    assert seen == [4, 0, 2, 4, 1, 0, 3, 4]  # varied lengths, so the cost model can be fitted
+    for rows, draft in [(1, 0), (5, 4), (3, 2), (2, 1), (1, 0), (5, 4)]:
+        policy.record_step(rows=rows, max_draft=draft, seconds=TRUE.seconds(rows, draft), prefill=False)
+    for _ in range(30):
+        policy.record_verification("a", 1, 0)  # every first draft rejected
+    after = [policy.choose(["a"], base_rows=1)["a"] for _ in range(6)]
+    assert after == [0, 0, 1, 0, 0, 1]  # nothing pays; every third decision probes with one draft
+
+
+def test_a_known_cost_skips_calibration_and_fitting() -> None:
+    policy = DraftLengthPolicy(2, cost=TRUE)
+    for _ in range(10):
+        policy.record_verification("a", 2, 2)
+    assert policy.choose(["a"], base_rows=1) == {"a": 2}
+    policy.record_step(rows=3, max_draft=2, seconds=1.0, prefill=False)
+    assert policy.cost.samples == type(policy.cost.samples)(maxlen=policy.cost.samples.maxlen)
