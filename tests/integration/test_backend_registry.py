@@ -219,10 +219,10 @@ def test_an_unknown_name_lists_the_known_ones() -> None:
     register("mine", _factory)
     with pytest.raises(
         ValueError,
-        match=r"unknown backend 'medusa'; known backends: \['dflash', 'draft-model', 'dspark', 'eagle',.*'mine'.*\]"
+        match=r"unknown backend 'hydra'; known backends: \['dflash', 'draft-model', 'dspark', 'eagle',.*'mine'.*\]"
         r".*specdec.backends",
     ):
-        create("medusa", tiny_target())
+        create("hydra", tiny_target())
 
 
 def test_a_factory_returning_something_else_is_named() -> None:

@@ -32,5 +32,5 @@ def test_generate_plain_and_eagle(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_generate_rejects_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "--backend", "medusa", "--max-tokens", "2"]) == 2
-    assert capsys.readouterr().err.startswith("specdec: error: unknown backend 'medusa'; known backends")
+    assert main(["generate", "--backend", "hydra", "--max-tokens", "2"]) == 2
+    assert capsys.readouterr().err.startswith("specdec: error: unknown backend 'hydra'; known backends")

@@ -450,8 +450,8 @@ def test_num_spec_tokens_at_the_bounds_is_accepted(k: int) -> None:
 
 
 def test_unknown_backend_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown backend 'medusa'; known backends: \[.*'eagle'.*\]"):
-        create("medusa", target_model(0))
+    with pytest.raises(ValueError, match=r"unknown backend 'hydra'; known backends: \[.*'eagle'.*\]"):
+        create("hydra", target_model(0))
 
 
 # -- 4. metrics ----------------------------------------------------------------------------------------

@@ -97,8 +97,8 @@ def test_speculative_config_mistakes_are_named(gguf: FakeModel) -> None:
         ValueError, match=r"unknown key\(s\) capacty for 'dspark'; valid: method, num_speculative_tokens"
     ):
         SpeculativeConfig.parse({"method": "dspark", "capacty": "threshold"})
-    with pytest.raises(ValueError, match=r"method 'medusa': unknown backend 'medusa'"):
-        SpeculativeConfig.parse({"method": "medusa"})
+    with pytest.raises(ValueError, match=r"method 'hydra': unknown backend 'hydra'"):
+        SpeculativeConfig.parse({"method": "hydra"})
     with pytest.raises(ValueError, match="needs a 'method'"):
         SpeculativeConfig.parse({"num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
