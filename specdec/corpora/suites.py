@@ -12,6 +12,7 @@ import ast
 import gzip
 import json
 import sysconfig
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -84,36 +85,51 @@ def code_instruction_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
     HumanEval has only 123 train problems; the target's own answers to many
     more prompts of the same form are the on-policy data a drafter for code
     chat needs. Public top-level functions with a docstring of 40-800
-    characters, in a fixed order that interleaves files (so a ``limit`` still
-    spans the library). Nothing here can be a bench prompt: the bench suites
-    are HumanEval, MT-Bench and Shakespeare.
+    characters come first, then public methods of public classes under the
+    same rule, each group in a fixed order that interleaves files (so a
+    ``limit`` still spans the library, and a ``limit`` within the functions
+    gives the same prompts as before methods were added). Nothing here can be
+    a bench prompt: the bench suites are HumanEval, MT-Bench and Shakespeare.
     """
-    per_file: list[list[Prompt]] = []
+    functions: list[list[Prompt]] = []
+    methods: list[list[Prompt]] = []
     for source_id, text in _stdlib_sources():
         try:
             tree = ast.parse(text)
         except SyntaxError:
             continue
         lines = text.splitlines()
-        found = []
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node)
-            if doc is None or not 40 <= len(doc) <= 800 or node.body[0].end_lineno is None:
-                continue
-            code = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]).rstrip()
-            found.append(Prompt(id=f"{source_id}:{node.name}", text=CODE_PROMPT.format(code=code), chat=True))
-        if found:
-            per_file.append(found)
-    mixed = [
-        p
-        for rank in range(max(map(len, per_file), default=0))
-        for f in per_file
-        if rank < len(f)
-        for p in f[rank : rank + 1]
-    ]
-    return tuple(mixed[:limit])
+        found = [_code_prompt(source_id, lines, node) for node in tree.body]
+        in_classes = [
+            _code_prompt(source_id, lines, method, owner=node.name)
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+            for method in node.body
+        ]
+        for group, prompts in ((functions, found), (methods, in_classes)):
+            kept = [p for p in prompts if p is not None]
+            if kept:
+                group.append(kept)
+    return tuple((_interleave(functions) + _interleave(methods))[:limit])
+
+
+def _code_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str | None = None) -> Prompt | None:
+    """The prompt for one public function with a docstring of 40-800 characters: its source up to the docstring."""
+    if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+        return None
+    doc = ast.get_docstring(node)
+    if doc is None or not 40 <= len(doc) <= 800 or node.body[0].end_lineno is None:
+        return None
+    code = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])).rstrip()
+    if not code.startswith("def "):  # a docstring line left of the method's indent: no clean dedent
+        return None
+    name = node.name if owner is None else f"{owner}.{node.name}"
+    return Prompt(id=f"{source_id}:{name}", text=CODE_PROMPT.format(code=code), chat=True)
+
+
+def _interleave(per_file: list[list[Prompt]]) -> list[Prompt]:
+    """Each file's first prompt, then each file's second, and so on."""
+    return [f[rank] for rank in range(max(map(len, per_file), default=0)) for f in per_file if rank < len(f)]
 
 
 def _humaneval_problems(split: Split) -> list[dict[str, str]]:

@@ -47,7 +47,7 @@ def test_training_texts_never_contain_a_bench_prompt() -> None:
 @pytest.mark.slow  # trains or generates for seconds: not in the quick subset
 def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> None:
     prompts = code_instruction_prompts()
-    assert len(prompts) > 500  # ~1,000 on CPython 3.11
+    assert len(prompts) > 2000  # ~1,000 functions and ~2,500 methods on CPython 3.11
     assert len({p.id for p in prompts}) == len(prompts)
     assert all(p.chat and p.id.startswith("stdlib/") for p in prompts)
     humaneval = prompt_suite("humaneval")[0].text
@@ -59,6 +59,11 @@ def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> Non
     first = code_instruction_prompts(limit=50)
     assert first == prompts[:50]
     assert len({p.id.split(":")[0] for p in first}) == 50  # a limit still spans 50 files, not one file's functions
+    # Functions come first, then methods (dedented, named Class.method): a limit within the functions is stable.
+    is_method = ["." in p.id.split(":")[1] for p in prompts]
+    assert 500 < is_method.index(True) and all(is_method[is_method.index(True) :])
+    method = code[is_method.index(True)]
+    assert method.startswith("def ") and "(self" in method.split("\n")[0]
 
 
 def test_training_budget_is_respected_without_cutting_texts() -> None:
