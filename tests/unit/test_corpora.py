@@ -61,7 +61,7 @@ def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> Non
     assert len({p.id.split(":")[0] for p in first}) == 50  # a limit still spans 50 files, not one file's functions
     # Functions come first, then methods (dedented, named Class.method): a limit within the functions is stable.
     is_method = ["." in p.id.split(":")[1] for p in prompts]
-    assert 500 < is_method.index(True) and all(is_method[is_method.index(True) :])
+    assert is_method.index(True) > 500 and all(is_method[is_method.index(True) :])
     method = code[is_method.index(True)]
     assert method.startswith("def ") and "(self" in method.split("\n")[0]
 
