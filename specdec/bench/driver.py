@@ -36,6 +36,7 @@ from specdec.bench.output import write_docs, write_outputs
 from specdec.bench.report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
 from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench.suites import Workload, build_workload
+from specdec.draft_length import CALIBRATION
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
@@ -312,18 +313,31 @@ def run_bench(
     return report
 
 
+WARM_UP_TOKENS = 2 * len(CALIBRATION) + 8
+"""Tokens per warm-up run: the policy's calibration steps, then some chosen ones (a step emits at least one)."""
+
+
 def warm_up(
     workloads: Sequence[Workload], runners: Sequence[Runner], stop_token_ids: tuple[int, ...], options: BenchOptions
 ) -> None:
-    """One short untimed run per runner and batch size: the first forward of a shape pays one-time costs."""
-    spec = RunSpec(0.0, min(4, options.max_tokens), stop_token_ids, options.seed)
+    """Untimed runs before the timed ones, as a server's start-up: one per runner, batch size and temperature.
+
+    The first forward of a shape pays one-time costs, and under the adaptive
+    draft length each (batch size, temperature) has its own policy, whose first
+    ``len(CALIBRATION)`` steps draft fixed lengths to fit the step cost. Each
+    warm-up run decodes up to ``WARM_UP_TOKENS`` tokens, enough for those steps
+    and a few chosen ones, so the timed runs see policies in their steady state.
+    """
+    spec_tokens = min(WARM_UP_TOKENS, options.max_tokens)
     for size in options.batch_sizes:
         first = next((w.batches(size)[0] for w in workloads if w.batches(size)), None)
         if first is None:
             continue
-        for runner in runners:
-            if runner.supports(first.size, spec):
-                runner.run(first, spec, -1)
+        for temperature in options.temperatures:
+            spec = RunSpec(temperature, spec_tokens, stop_token_ids, options.seed)
+            for runner in runners:
+                if runner.supports(first.size, spec):
+                    runner.run(first, spec, -1)
 
 
 def contract_workload(workloads: Sequence[Workload]) -> Workload | None:

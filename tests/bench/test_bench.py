@@ -430,3 +430,23 @@ def test_an_interrupted_bench_reports_the_runs_that_finished() -> None:
     assert "**Interrupted**" in render_markdown(report)
     eagle = [s for s in report["summaries"] if s["runner"] == "eagle"]
     assert eagle[0]["speedup"]["n"] == 2, "rounds 0 and 1 of the first prompt paired; the cut round pairs nothing"
+
+
+def test_warm_up_leaves_every_adaptive_policy_past_its_calibration() -> None:
+    """The timed runs must see each (batch size, temperature) policy in its steady state, as after a start-up."""
+    from specdec.backend_registry import create
+    from specdec.bench.driver import warm_up
+    from specdec.draft_length import CALIBRATION
+
+    target, workload = tiny()
+    runner = EngineRunner(
+        "dflash", target, lambda: create("dflash", target, num_spec_tokens=3), draft_length="adaptive"
+    )
+    options = BenchOptions(
+        suites=("humaneval",), group_size=2, batch_sizes=(1, 2), temperatures=(0.0, 1.0), weights="random"
+    )
+    with contracts.enforce("off"):
+        warm_up([workload], [runner], (), options)
+    assert set(runner.policies) == {(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)}
+    assert all(p.decisions > len(CALIBRATION) for p in runner.policies.values())
+    assert all(p.cost.fitted is not None for p in runner.policies.values())
