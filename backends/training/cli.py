@@ -188,6 +188,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             log(f"continuing from {path}")
 
     start = time.perf_counter()
+    checkpoint = train_checkpoint(args)
+    if checkpoint is not None and checkpoint.path.exists():
+        log(f"resuming from {checkpoint.path}")
 
     def on_step(step: int, loss: float) -> None:
         if step % args.log_every == 0 or step == schedule.steps:
@@ -204,7 +207,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         network["num_layers"] = 1
         warm_start(modules)
         losses = train_eagle(
-            head, target, feats, schedule, depth=args.k, aux_layers=aux, loss_rows=args.loss_rows, on_step=on_step
+            head,
+            target,
+            feats,
+            schedule,
+            depth=args.k,
+            aux_layers=aux,
+            loss_rows=args.loss_rows,
+            on_step=on_step,
+            checkpoint=checkpoint,
         )
     else:
         from backends.dflash import DFlashNetwork
@@ -224,6 +235,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 anchors_per_seq=args.anchors,
                 aux_layers=aux,
                 on_step=on_step,
+                checkpoint=checkpoint,
             )
         else:
             from backends.dspark import DSparkHeads
@@ -244,8 +256,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                 anchors_per_seq=args.anchors,
                 aux_layers=aux,
                 on_step=on_step,
+                checkpoint=checkpoint,
             )
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start if checkpoint is None else checkpoint.wall_s()
     tail = losses[-min(50, len(losses)) :]
     final = sum(tail) / len(tail)
     training = {
@@ -283,7 +296,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     log(f"wrote {args.out} ({size / 1e6:.1f} MB): {json.dumps(training)}")
     if args.losses:
         Path(args.losses).write_text(json.dumps(losses))
+    if checkpoint is not None and checkpoint.path.exists():
+        checkpoint.path.unlink()  # the run is complete: OUT is its result, and a rerun starts afresh
     return 0
+
+
+NOT_THE_RUN = {"out", "losses", "log_every", "checkpoint", "checkpoint_every", "threads", "argv", "prog", "run", "func"}
+"""Arguments that do not change what a run computes: a checkpoint of the run may be resumed with others."""
+
+
+def train_checkpoint(args: argparse.Namespace) -> Any:
+    """The run's ``TrainCheckpoint`` (None with ``--checkpoint-every 0``), identified by what it computes."""
+    from backends.training.checkpoint import TrainCheckpoint
+
+    if args.checkpoint_every == 0:
+        return None
+    path = Path(args.checkpoint) if args.checkpoint else Path(args.out).with_suffix(".checkpoint.safetensors")
+    identity = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_THE_RUN and not callable(v)}
+    identity["features"] = Path(args.features).name
+    if args.init is not None:
+        identity["init"] = Path(args.init).name
+    return TrainCheckpoint(path, every=args.checkpoint_every, identity=identity)
 
 
 def draft_vocab_of(feats: Any, size: int, vocab_size: int) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -355,7 +388,7 @@ def cmd_tau(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The steps as subcommands of ``parser``: ``specdec train`` (entry point ``specdec.commands``) or ``main``."""
-    from specdec.cli.argtypes import positive_int
+    from specdec.cli.argtypes import int_in, positive_int
 
     parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     sub = parser.add_subparsers(dest="step", required=True, metavar="{features,drafter,tau,vocab}")
@@ -405,6 +438,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--losses", default=None, help="also write the per-step losses here (JSON)")
     t.add_argument(
         "--draft-vocab", type=int, default=0, help="score drafts over the N most frequent target labels (0: all)"
+    )
+    t.add_argument(
+        "--checkpoint",
+        default=None,
+        help="save the whole training state here every --checkpoint-every steps, and resume from it when it exists "
+        "(default: OUT with .checkpoint.safetensors; deleted once OUT is written)",
+    )
+    t.add_argument(
+        "--checkpoint-every", type=int_in(0), default=100, help="steps between two checkpoints (0: no checkpoint)"
     )
     t.set_defaults(run=cmd_train)
 

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from backends.training.checkpoint import TrainCheckpoint
 from specdec.nn.transformer import Transformer
 
 
@@ -215,6 +216,7 @@ def run_adamw(
     batch_loss: Callable[[Int[Tensor, " batch"], torch.Generator], Tensor],
     name: str,
     on_step: Callable[[int, float], None] | None = None,
+    checkpoint: TrainCheckpoint | None = None,
 ) -> list[float]:
     """The optimisation loop every drafter trainer shares: sample sequences, step AdamW, stop on divergence.
 
@@ -222,12 +224,19 @@ def run_adamw(
     anchors), so a run is reproducible from ``schedule.seed`` on any device.
     ``on_step(step, loss)`` is called after each step (1-based), for progress logs.
     ``schedule.keep_top``/``negatives`` are the trainer's to apply (they shape ``batch_loss``).
+    ``checkpoint`` saves the loop's whole state every few steps and, when its
+    file exists, resumes from it (the returned losses then include the earlier ones).
     """
     device = params[0].device if params else torch.device("cpu")
     g = torch.Generator(device="cpu").manual_seed(schedule.seed)
     losses: list[float] = []
     opt = torch.optim.AdamW(params, lr=schedule.lr, weight_decay=0.0)
-    for step in range(schedule.steps):
+    first = 0
+    if checkpoint is not None:
+        resumed = checkpoint.restore(params, opt, g)
+        if resumed is not None:
+            first, losses = resumed.step, resumed.losses
+    for step in range(first, schedule.steps):
         if schedule.warmup:
             for group in opt.param_groups:
                 group["lr"] = schedule.lr * lr_factor(step, schedule.steps, schedule.warmup)
@@ -242,6 +251,8 @@ def run_adamw(
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"{name} training diverged at step {len(losses)}: loss {losses[-1]}")
+        if checkpoint is not None and checkpoint.due(step + 1, schedule.steps):
+            checkpoint.save(step + 1, params, opt, g, losses)
         if on_step is not None:
             on_step(step + 1, losses[-1])
     return losses

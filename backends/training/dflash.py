@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork, context_kv
 from backends.registry import spread_layers
+from backends.training.checkpoint import TrainCheckpoint
 from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.vocab import HeadRows, head_sampler
 from specdec.nn.transformer import Transformer
@@ -168,6 +169,7 @@ def train_dflash(
     aux_layers: Sequence[int] | None = None,
     min_anchor: int = 1,
     on_step: Callable[[int, float], None] | None = None,
+    checkpoint: TrainCheckpoint | None = None,
 ) -> list[float]:
     """AdamW on the drafter's own weights (target embedding and LM head frozen); returns the loss per step.
 
@@ -194,4 +196,12 @@ def train_dflash(
         return dflash_loss(network, feats, index, anchors, q, gamma, labels, head_rows)
 
     with trainable(network) as params:
-        return run_adamw(params, schedule, num_sequences=num, batch_loss=batch_loss, name="DFlash", on_step=on_step)
+        return run_adamw(
+            params,
+            schedule,
+            num_sequences=num,
+            batch_loss=batch_loss,
+            name="DFlash",
+            on_step=on_step,
+            checkpoint=checkpoint,
+        )

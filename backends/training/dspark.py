@@ -19,6 +19,7 @@ from torch import Tensor
 
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
 from backends.dspark.heads import DSparkHeads
+from backends.training.checkpoint import TrainCheckpoint
 from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.dflash import (
     Labels,
@@ -115,6 +116,7 @@ def train_dspark(
     aux_layers: Sequence[int] | None = None,
     min_anchor: int = 1,
     on_step: Callable[[int, float], None] | None = None,
+    checkpoint: TrainCheckpoint | None = None,
 ) -> list[float]:
     """AdamW on the backbone and both heads (target frozen); ``block_size`` is q = K. Returns losses per step.
 
@@ -140,4 +142,12 @@ def train_dspark(
         return dspark_loss(network, heads, feats, index, anchors, q, gamma, labels, tv_weight, conf_weight, head_rows)
 
     with trainable(network, heads) as params:
-        return run_adamw(params, schedule, num_sequences=num, batch_loss=batch_loss, name="DSpark", on_step=on_step)
+        return run_adamw(
+            params,
+            schedule,
+            num_sequences=num,
+            batch_loss=batch_loss,
+            name="DSpark",
+            on_step=on_step,
+            checkpoint=checkpoint,
+        )

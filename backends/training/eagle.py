@@ -25,6 +25,7 @@ from torch import Tensor
 
 from backends.autoregressive.networks import EagleHead
 from backends.registry import spread_layers
+from backends.training.checkpoint import TrainCheckpoint
 from backends.training.data import TargetFeatures, TrainSchedule, as_features, run_adamw
 from backends.training.dflash import Labels, decay_weights, trainable
 from backends.training.vocab import HeadRows, head_sampler
@@ -132,6 +133,7 @@ def train_eagle(
     aux_layers: Sequence[int] | None = None,
     loss_rows: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    checkpoint: TrainCheckpoint | None = None,
 ) -> list[float]:
     """AdamW on the head's own weights (target embedding and LM head frozen); returns the loss per step.
 
@@ -166,5 +168,11 @@ def train_eagle(
 
     with trainable(head) as params:  # the target is held outside the head's parameters
         return run_adamw(
-            params, schedule, num_sequences=feats.tokens.shape[0], batch_loss=batch_loss, name="EAGLE", on_step=on_step
+            params,
+            schedule,
+            num_sequences=feats.tokens.shape[0],
+            batch_loss=batch_loss,
+            name="EAGLE",
+            on_step=on_step,
+            checkpoint=checkpoint,
         )
