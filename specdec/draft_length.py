@@ -144,6 +144,7 @@ class DraftLengthPolicy:
             raise ValueError(f"num_spec_tokens and probe_every must be >= 1, got {num_spec_tokens}, {probe_every}")
         self.num_spec_tokens = num_spec_tokens
         self.cost = StepCostModel()
+        """Fed by the engine that runs this policy (its ``DraftContext.step_cost``); ignored with a known ``cost``."""
         self.known_cost = cost
         self.acceptance = AcceptanceRates(num_spec_tokens)
         self.probe_every = probe_every

@@ -165,6 +165,8 @@ class Engine:
                 max_model_len=self.config.scheduler.max_model_len,
                 max_num_seqs=self.config.scheduler.max_num_seqs,
             )
+            if self.draft_policy is not None:
+                self.draft_ctx.step_cost = self.draft_policy.cost  # one record, kept by the policy across engines
             speculator.bind(model, self.draft_ctx)
 
     # -- requests --------------------------------------------------------------------------------
@@ -452,12 +454,10 @@ class Engine:
         for req_id in finished:
             del self.requests[req_id]
         if self.draft_ctx is not None:
-            self.draft_ctx.step_timings.append((batch.num_tokens, elapsed))
-        if self.draft_policy is not None:
+            # Prefill steps and an idle DP rank's dummy step (no rows of its own) say nothing of a decode step's cost.
             prefill = any(len(it.query_tokens) != 1 + it.num_drafts for it in batch.items)
-            self.draft_policy.record_step(
-                rows=batch.num_tokens, max_draft=max(commit.max_drafts, default=0), seconds=elapsed, prefill=prefill
-            )
+            if not prefill and batch.num_tokens:
+                self.draft_ctx.step_cost.observe(batch.num_tokens, max(commit.max_drafts, default=0), elapsed)
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
         return StepResult(all_idle=False, emitted=by_id, finished=finished)
 

@@ -11,7 +11,6 @@ skip the contracts.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -48,6 +47,7 @@ from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
+from specdec.step_cost import StepCostModel
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,9 +205,10 @@ class DraftContext:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, KVCacheManager] = {}
-        self.step_timings: deque[tuple[int, float]] = deque(maxlen=256)
-        """(tokens the target step ran, seconds the whole step took), measured by the engine after each step:
-        what a cost-aware drafter (DSpark's budget) fits its step cost to."""
+        self.step_cost = StepCostModel()
+        """The engine's measured decode steps (rows verified, longest draft, seconds) and the cost fitted to them:
+        the one record of step times, read by the adaptive draft length and by a cost-aware drafter (DSpark's
+        budget). The engine shares it with its draft-length policy, so both see the same samples."""
 
     def new_cache(self, name: str, *, lookahead_tokens: int = 0) -> KVCacheManager:
         """A draft KV cache with the target's block size, committed and rolled back by the engine.

@@ -60,6 +60,8 @@ class StepCostModel:
         if window < len(FEATURES) or refit_every < 1:
             raise ValueError(f"window must be >= {len(FEATURES)} and refit_every >= 1, got {window}, {refit_every}")
         self.samples: deque[StepSample] = deque(maxlen=window)
+        self.observed = 0
+        """Samples seen in all (the window keeps the last ``window``): how a reader tells that new ones arrived."""
         self.refit_every = refit_every
         self.fitted: StepCost | None = None
         self._since_fit = 0
@@ -70,6 +72,7 @@ class StepCostModel:
                 f"a step sample needs rows >= 1, max_draft >= 0, seconds > 0; got {rows}, {max_draft}, {seconds}"
             )
         self.samples.append(StepSample(rows, max_draft, seconds))
+        self.observed += 1
         self._since_fit += 1
         if self._since_fit >= self.refit_every or self.fitted is None:
             self.refit()

@@ -179,15 +179,26 @@ class DSparkSpeculator(DFlashSpeculator):
         return draw_drafts(logits, params, self.generator)
 
     def _refit_cost(self, ctx: DraftContext) -> None:
-        """Refit ``c0 + c1 · tokens`` to the measured steps every REFIT_EVERY new ones (needs two token counts)."""
-        timings = list(ctx.step_timings)
-        seen = len(timings)
-        if seen - self._fitted_at < REFIT_EVERY and self._fitted_at:
+        """``c0 + c1 · tokens`` from the engine's step record (``ctx.step_cost``), every REFIT_EVERY new samples.
+
+        Where the record has its full fit (the adaptive draft length varies the
+        drafts, so proposal and rows are told apart), ``c1`` is its cost per
+        verified row and ``c0`` the rest of a step that drafts K. Otherwise
+        ``c0 + c1 · tokens`` is fitted to the samples themselves (two row counts needed).
+        """
+        record = ctx.step_cost
+        if self._fitted_at and record.observed - self._fitted_at < REFIT_EVERY:
             return
-        if len({t for t, _ in timings}) < 2:
-            return
-        self.cost = StepCost.fit([t for t, _ in timings], [s for _, s in timings])
-        self._fitted_at = seen
+        full = record.fitted
+        if full is not None:
+            rest = full.base + full.per_proposal + full.per_draft * self.num_spec_tokens
+            self.cost = StepCost(c0=max(rest, 1e-9), c1=full.per_row)
+        else:
+            samples = list(record.samples)
+            if len({s.rows for s in samples}) < 2:
+                return
+            self.cost = StepCost.fit([s.rows for s in samples], [s.seconds for s in samples])
+        self._fitted_at = record.observed
 
     def _capacity(self, survival: Float[Tensor, "m k"]) -> Int[Tensor, " m"]:
         """Drafts proposed per request: all K, while survival >= tau, or by the global step-cost budget."""

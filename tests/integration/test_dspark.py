@@ -314,16 +314,44 @@ def test_ver_3_catches_the_backbone_distribution_handed_over(
 
 
 def test_the_budget_fits_its_step_cost_to_measured_step_times() -> None:
-    """Without c0/c1 the budget refits ``c0 + c1 · tokens`` from the engine's step timings, and stays lossless."""
+    """Without c0/c1 the budget refits ``c0 + c1 · tokens`` from the engine's step record, and stays lossless."""
     target = Transformer(ModelConfig.tiny(), seed=0)
     spec = tiny_dspark(target, capacity="budget")
     assert spec.measure_cost and spec.cost == StepCost()
     e, outputs = run(target, spec)
-    timings = list(e.draft_ctx.step_timings) if e.draft_ctx is not None else []
-    assert len(timings) == e.metrics.steps and len({t for t, _ in timings}) >= 2
-    used = timings[: spec._fitted_at]
-    refit = StepCost.fit([t for t, _ in used], [s for _, s in used])
-    assert spec.cost != StepCost() and (spec.cost.c0, spec.cost.c1) == pytest.approx((refit.c0, refit.c1))
+    assert e.draft_ctx is not None
+    record = e.draft_ctx.step_cost
+    assert 0 < len(record.samples) == record.observed < e.metrics.steps  # decode steps only, prefills left out
+    assert spec._fitted_at and spec.cost != StepCost()
     assert outputs == run(target, None)[1]
+    # Every recorded step drafted K (no step without drafts): no full fit, so c0 + c1 · tokens is fitted directly.
+    spec._fitted_at = 0
+    record.samples.clear()
+    for rows, seconds in [(5, 0.030), (10, 0.041), (15, 0.049), (20, 0.062)]:
+        record.observe(rows, 4, seconds)
+    record.fitted = None  # a record that never saw a step without drafts keeps no full fit
+    spec._refit_cost(e.draft_ctx)
+    refit = StepCost.fit([5, 10, 15, 20], [0.030, 0.041, 0.049, 0.062])
+    assert (spec.cost.c0, spec.cost.c1) == pytest.approx((refit.c0, refit.c1))
     fixed = tiny_dspark(target, capacity="budget", c0=2.0)
     assert not fixed.measure_cost and fixed.cost == StepCost(c0=2.0, c1=0.05)
+
+
+def test_under_the_adaptive_draft_length_the_budget_reads_the_engine_fit() -> None:
+    """One record of step times: the budget's c1 is the policy's cost per verified row, c0 the rest of a K-draft step."""
+    from specdec.step_cost import StepCost as FullCost
+
+    target = Transformer(ModelConfig.tiny(), seed=0)
+    spec = tiny_dspark(target, capacity="budget")
+    engine = Engine(target, EngineConfig(num_blocks=64, block_size=4, draft_length="adaptive"), speculator=spec)
+    assert engine.draft_policy is not None and engine.draft_ctx is not None
+    assert engine.draft_ctx.step_cost is engine.draft_policy.cost
+    known = FullCost(base=0.01, per_row=0.002, per_proposal=0.004, per_draft=0.001)
+    record = engine.draft_ctx.step_cost
+    for rows, draft in [(1, 0), (2, 0), (3, 1), (5, 1), (5, 4), (8, 2), (4, 3), (6, 2)] * 2:
+        record.observe(rows, draft, known.seconds(rows, draft))
+    spec._refit_cost(engine.draft_ctx)
+    assert spec.cost.c1 == pytest.approx(known.per_row, rel=1e-6)
+    assert spec.cost.c0 == pytest.approx(
+        known.base + known.per_proposal + spec.num_spec_tokens * known.per_draft, rel=1e-6
+    )

@@ -127,7 +127,7 @@ def test_the_policy_calibrates_then_optimises_then_probes_an_idle_request() -> N
     seen = [policy.choose(["a"], base_rows=1)["a"] for _ in CALIBRATION]
     assert seen == [4, 0, 2, 4, 1, 0, 3, 4]  # varied lengths, so the cost model can be fitted
     for rows, draft in [(1, 0), (5, 4), (3, 2), (2, 1), (1, 0), (5, 4)]:
-        policy.record_step(rows=rows, max_draft=draft, seconds=TRUE.seconds(rows, draft), prefill=False)
+        policy.cost.observe(rows, draft, TRUE.seconds(rows, draft))  # what the engine records each decode step
     for _ in range(30):
         policy.record_verification("a", 1, 0)  # every first draft rejected
     after = [policy.choose(["a"], base_rows=1)["a"] for _ in range(6)]
@@ -139,5 +139,6 @@ def test_a_known_cost_skips_calibration_and_fitting() -> None:
     for _ in range(10):
         policy.record_verification("a", 2, 2)
     assert policy.choose(["a"], base_rows=1) == {"a": 2}
-    policy.record_step(rows=3, max_draft=2, seconds=1.0, prefill=False)
-    assert policy.cost.samples == type(policy.cost.samples)(maxlen=policy.cost.samples.maxlen)
+    for rows, draft in [(1, 0), (3, 2), (2, 1)] * 4:  # measured steps that say drafting costs far more
+        policy.cost.observe(rows, draft, 1.0 + 10.0 * draft)
+    assert policy.cost.fitted is not None and policy.choose(["a"], base_rows=1) == {"a": 2}  # the known cost wins

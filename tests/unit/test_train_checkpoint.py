@@ -85,7 +85,7 @@ def test_the_checkpoint_of_another_run_is_refused_naming_what_differs(target: Tr
         checkpoint=TrainCheckpoint(path, every=1, identity={"lr": 1}),
     )
     other = TrainCheckpoint(path, every=1, identity={"lr": 2})
-    with pytest.raises(ValueError, match="checkpoint of another run.*differs in lr"):
+    with pytest.raises(ValueError, match=r"checkpoint of another run.*differs in lr"):
         train_dspark(*build(target), target, data, schedule, block_size=K, checkpoint=other)
     with pytest.raises(ValueError, match=">= 1 step"):
         TrainCheckpoint(path, every=0, identity={})
