@@ -138,19 +138,34 @@ def best_draft_lengths(
 class DraftLengthPolicy:
     """The engine's per-step choice of each request's draft length (``adaptive``), and what it learns from."""
 
-    def __init__(self, num_spec_tokens: int, *, probe_every: int = 16, cost: StepCost | None = None) -> None:
-        """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before."""
-        if num_spec_tokens < 1 or probe_every < 1:
-            raise ValueError(f"num_spec_tokens and probe_every must be >= 1, got {num_spec_tokens}, {probe_every}")
+    def __init__(
+        self, num_spec_tokens: int, *, probe_every: int = 16, probe_backoff: int = 8, cost: StepCost | None = None
+    ) -> None:
+        """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before.
+
+        A request at 0 drafts is probed after ``probe_every`` decisions; each probe
+        rejected doubles its wait, up to ``probe_backoff`` times ``probe_every``,
+        and an accepted one resets it: a request that never pays costs fewer probes.
+        """
+        if num_spec_tokens < 1 or probe_every < 1 or probe_backoff < 1:
+            raise ValueError(
+                "num_spec_tokens, probe_every and probe_backoff must be >= 1, "
+                f"got {num_spec_tokens}, {probe_every}, {probe_backoff}"
+            )
         self.num_spec_tokens = num_spec_tokens
         self.cost = StepCostModel()
         """Fed by the engine that runs this policy (its ``DraftContext.step_cost``); ignored with a known ``cost``."""
         self.known_cost = cost
         self.acceptance = AcceptanceRates(num_spec_tokens)
         self.probe_every = probe_every
+        self.probe_backoff = probe_backoff
         self.decisions = 0
         self._idle: dict[str, int] = {}
-        """Consecutive decisions at 0 drafts, per request: at ``probe_every`` it drafts one token."""
+        """Consecutive decisions at 0 drafts, per request: at its probe wait it drafts one token."""
+        self._probe_wait: dict[str, int] = {}
+        """Decisions at 0 drafts before a request's next probe: ``probe_every``, doubled per rejected probe."""
+        self._probing: set[str] = set()
+        """Requests whose last decision was a probe, until its verification is recorded."""
 
     def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
         """Draft lengths for the requests that may draft next step (each in 0..K)."""
@@ -169,12 +184,18 @@ class DraftLengthPolicy:
                 continue
             idle = self._idle.get(rid, 0) + 1
             self._idle[rid] = idle
-            if idle >= self.probe_every:
+            if idle >= self._probe_wait.get(rid, self.probe_every):
                 lengths[rid], self._idle[rid] = 1, 0
+                self._probing.add(rid)
         return lengths
 
     def record_verification(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         self.acceptance.record(req_id, num_drafts, num_accepted)
+        if req_id in self._probing and num_drafts:
+            self._probing.discard(req_id)
+            wait = self._probe_wait.get(req_id, self.probe_every)
+            limit = self.probe_every * self.probe_backoff
+            self._probe_wait[req_id] = self.probe_every if num_accepted else min(2 * wait, limit)
 
     def record_step(self, *, rows: int, max_draft: int, seconds: float, prefill: bool) -> None:
         """One measured step; prefill steps and an idle DP rank's dummy step (no rows of its own) teach nothing."""
@@ -184,3 +205,5 @@ class DraftLengthPolicy:
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)
         self._idle.pop(req_id, None)
+        self._probe_wait.pop(req_id, None)
+        self._probing.discard(req_id)

@@ -119,7 +119,7 @@ def test_the_chosen_lengths_are_the_best_of_every_combination(case: tuple[dict[s
         _rate(dict(zip(gains, combo, strict=True)), gains, cost, n)
         for combo in itertools.product(range(k + 1), repeat=n)
     )
-    assert _rate(chosen, gains, cost, n) == pytest.approx(best, rel=1e-9)
+    assert _rate(chosen, gains, cost, n) == pytest.approx(best, rel=1e-8)  # ties within the choice's own 1e-9
 
 
 def test_the_policy_calibrates_then_optimises_then_probes_an_idle_request() -> None:
@@ -142,3 +142,26 @@ def test_a_known_cost_skips_calibration_and_fitting() -> None:
     for rows, draft in [(1, 0), (3, 2), (2, 1)] * 4:  # measured steps that say drafting costs far more
         policy.cost.observe(rows, draft, 1.0 + 10.0 * draft)
     assert policy.cost.fitted is not None and policy.choose(["a"], base_rows=1) == {"a": 2}  # the known cost wins
+
+
+def test_a_rejected_probe_doubles_the_wait_and_an_accepted_one_resets_it() -> None:
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE)
+    for _ in range(30):
+        policy.record_verification("a", 1, 0)  # nothing pays: "a" sits at 0 drafts
+
+    def decisions(n: int, accept: int | None = None) -> list[int]:
+        out = []
+        for _ in range(n):
+            length = policy.choose(["a"], base_rows=1)["a"]
+            out.append(length)
+            if length and accept is not None:
+                policy.record_verification("a", length, accept)
+        return out
+
+    assert decisions(16, accept=0) == [0, 1] + [0, 0, 0, 1] + [0] * 7 + [1] + [0, 0]  # waits 2, 4, 8, then 8 at most
+    policy.record_verification("a", 1, 1)  # an accepted draft outside a probe changes no wait
+    # Still a wait of 8 (6 more decisions); that probe is accepted, so the next comes after probe_every = 2.
+    assert decisions(8, accept=1) == [0, 0, 0, 0, 0, 1, 0, 1]
+    policy.forget("a")
+    with pytest.raises(ValueError, match="probe_backoff"):
+        DraftLengthPolicy(4, probe_backoff=0)
