@@ -13,7 +13,9 @@ sequential drafter pays per draft position; a block drafter mostly pays
 ``per_proposal`` once). The fit is least squares over a sliding window, with
 every coefficient but ``base`` kept non-negative, refitted as samples arrive.
 Steps that prefill are left out: their attention over long prompts is not
-what a decode step's draft length changes.
+what a decode step's draft length changes. So are, at each refit, steps far
+off the first fit (``OUTLIER_SPREADS``): a kernel compiled on a shape's first
+use or a stall of a shared machine says nothing about the next step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 import torch
 
 FEATURES = ("base", "per_row", "per_proposal", "per_draft")
+OUTLIER_SPREADS = 4.0
+"""A step whose time lies further than this many median absolute residuals from the fit is left out of the refit."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +97,17 @@ class StepCostModel:
         y = torch.tensor([s.seconds for s in self.samples], dtype=torch.float64)
         # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
         features = [0, 1, 2, 3] if len({s.max_draft for s in self.samples}) >= 3 else [0, 1, 2]
+        x = x[:, features]
+        solution = _nonnegative_lstsq(x, y)
+        # One slow step must not set the cost for the next 256: the first step of a new row count pays one-time
+        # costs (oneDNN compiles a kernel per shape: ~300 ms against a ~80 ms step), and a shared machine stalls.
+        residual = y - x @ torch.tensor(solution, dtype=torch.float64)
+        spread = max(float(residual.abs().median()), 0.01 * float(y.median()))
+        kept = residual.abs() <= OUTLIER_SPREADS * spread
+        if not bool(kept.all()) and int(kept.sum()) >= len(features):
+            solution = _nonnegative_lstsq(x[kept], y[kept])
         coef = [0.0] * len(FEATURES)
-        for i, c in zip(features, _nonnegative_lstsq(x[:, features], y), strict=True):
+        for i, c in zip(features, solution, strict=True):
             coef[i] = c
         self.fitted = StepCost(*coef)
         return self.fitted

@@ -28,6 +28,21 @@ def test_cost_fit_recovers_the_coefficients_of_noisy_steps() -> None:
     assert fit.per_draft == pytest.approx(TRUE.per_draft, rel=0.2)
 
 
+def test_cost_fit_leaves_out_steps_that_paid_a_one_time_cost() -> None:
+    """The first step of each new row count compiles a kernel (4x a step here): it must not price drafts."""
+    model, rng = StepCostModel(), random.Random(1)
+    seen: set[int] = set()
+    for _ in range(120):
+        rows, draft = rng.randint(1, 5), rng.randint(0, 4)
+        seconds = TRUE.seconds(rows, draft) * rng.uniform(0.98, 1.02)
+        model.observe(rows, draft, seconds * (4.0 if rows not in seen else 1.0))
+        seen.add(rows)
+    fit = model.fitted
+    assert fit is not None
+    assert fit.per_row == pytest.approx(TRUE.per_row, rel=0.25)
+    assert fit.seconds(5, 4) == pytest.approx(TRUE.seconds(5, 4), rel=0.03)
+
+
 def test_cost_fit_waits_until_the_samples_pin_it_down() -> None:
     model = StepCostModel()
     for rows in (1, 2, 3, 4):  # every step drafted the same: drafting cost and base cannot be told apart

@@ -589,7 +589,7 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
     assert PackedLinear.applies(xb, wb) == mkldnn_bf16_available()
     for got, want in zip(packed.run(xb, wb), (F.linear(xb, w) for w in wb), strict=True):
         assert torch.equal(got, want)
-    # fp32: packed (summation order differs) only for verify-sized batches; 1-3 rows and prefills stay exact
+    # fp32: packed (summation order differs) for decode- and verify-sized batches; prefills stay exact
     small = FP32_PACKED_ROWS[0] <= rows <= FP32_PACKED_ROWS[1]
     assert PackedLinear.applies(x, weights) == small
     for got, want in zip(PackedLinear().run(x, weights), (F.linear(x, w) for w in weights), strict=True):
@@ -597,6 +597,19 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
     # fp32 weights of the test matrix's size stay on F.linear, where packing costs more than it saves
     tiny = [w[:, :64].contiguous() for w in weights]
     assert not PackedLinear.applies(x[:, :64].contiguous(), tiny)
+
+
+@needs_onednn
+def test_packed_fp32_gives_a_row_the_bits_it_gets_alone() -> None:
+    """A verify row equals the decode step of the same token in every fp32 linear: no near-tie flips from batching."""
+    g = torch.Generator().manual_seed(0)
+    for out_features, in_features in ((960, 576), (576, 1536), (3072, 576)):
+        w = torch.randn(out_features, in_features, generator=g)
+        x = torch.randn(40, in_features, generator=g)
+        assert all(PackedLinear.applies(x[:n], (w,)) for n in (1, 5, 40))
+        alone = torch.cat([PackedLinear().run(x[r : r + 1], (w,))[0] for r in range(40)])
+        for n in (2, 3, 5, 8, 40):
+            assert torch.equal(PackedLinear().run(x[:n], (w,))[0], alone[:n]), f"{n} rows of {tuple(w.shape)}"
 
 
 @needs_onednn
