@@ -197,11 +197,6 @@ class DraftLengthPolicy:
             limit = self.probe_every * self.probe_backoff
             self._probe_wait[req_id] = self.probe_every if num_accepted else min(2 * wait, limit)
 
-    def record_step(self, *, rows: int, max_draft: int, seconds: float, prefill: bool) -> None:
-        """One measured step; prefill steps and an idle DP rank's dummy step (no rows of its own) teach nothing."""
-        if not prefill and rows and self.known_cost is None:
-            self.cost.observe(rows, max_draft, seconds)
-
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)
         self._idle.pop(req_id, None)
