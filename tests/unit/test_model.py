@@ -600,16 +600,28 @@ def test_packed_linear_equals_f_linear(rows: int) -> None:
 
 
 @needs_onednn
-def test_packed_fp32_gives_a_row_the_bits_it_gets_alone() -> None:
-    """A verify row equals the decode step of the same token in every fp32 linear: no near-tie flips from batching."""
+def test_packed_fp32_rows_are_independent_and_match_f_linear() -> None:
+    """Each row's result depends on that row alone and equals ``F.linear`` up to fp32 summation order.
+
+    Whether a row also gets the same bits at every row count depends on the CPU:
+    on an AVX2 host it did for every SmolLM2 shape up to 40 rows; on an AVX-512
+    host a 576x1536 product differs in the last bit between one row and two. So
+    fp32 verify rows equal decode rows up to rounding only (a near tie can break
+    either way, which the bench's tie analysis allows), and this test asserts
+    only what holds everywhere.
+    """
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in ((960, 576), (576, 1536), (3072, 576)):
         w = torch.randn(out_features, in_features, generator=g)
         x = torch.randn(40, in_features, generator=g)
         assert all(PackedLinear.applies(x[:n], (w,)) for n in (1, 5, 40))
-        alone = torch.cat([PackedLinear().run(x[r : r + 1], (w,))[0] for r in range(40)])
-        for n in (2, 3, 5, 8, 40):
-            assert torch.equal(PackedLinear().run(x[:n], (w,))[0], alone[:n]), f"{n} rows of {tuple(w.shape)}"
+        for n in (1, 2, 3, 5, 8, 40):
+            got = PackedLinear().run(x[:n], (w,))[0]
+            torch.testing.assert_close(got, F.linear(x[:n], w), rtol=0, atol=2e-5 * float(got.abs().max()))
+            if n > 1:
+                others = x[:n].clone()
+                others[1:] = torch.randn(n - 1, in_features, generator=g)
+                assert torch.equal(PackedLinear().run(others, (w,))[0][0], got[0]), f"{n} rows of {tuple(w.shape)}"
 
 
 @needs_onednn
