@@ -51,6 +51,10 @@ class DraftVocab:
             self._source = source
         return self._rows
 
+    def prepare(self, target: Transformer) -> None:
+        """Cut and pack the sub-head at load time: ~20 ms on a CPU that the first draft step would pay otherwise."""
+        self._packed.prepare((self.head(target),))
+
     def logits(self, target: Transformer, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
         """Float32 logits over the whole vocabulary: the target head's values on the draft ids, ``-inf`` elsewhere.
 

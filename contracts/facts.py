@@ -94,12 +94,18 @@ class HeadFacts:
 class ForwardOutputFacts:
     """What a draft forward returned, checked before the drafter samples from it.
 
-    Rows follow the forward's model rows; the first ``num_tokens`` are the real
-    tokens (a padded row's values are garbage by design and never sampled).
+    Without ``scored_rows`` the logits follow the forward's model rows, and the
+    first ``num_tokens`` are the real tokens (a padded row's values are garbage
+    by design and never sampled). A drafter that samples a few rows only (EAGLE
+    at its prefill: each request's last row) names them in ``scored_rows``, and
+    the logits hold those rows alone, in that order: scoring every row would
+    cost a vocabulary-wide product per prompt token.
     """
 
     num_tokens: int
     logits: Float[Tensor, "rows vocab"]
+    scored_rows: tuple[int, ...] | None = None
+    """The model rows the forward was asked to score, one logits row each (None: every model row)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -48,6 +48,7 @@ _EXPORTS = {
     "draft_decode_positions": "specdec.draft_builders",
     "pad_model_rows": "specdec.draft_builders",
     "padded_rows": "specdec.draft_builders",
+    "rows_to_score": "specdec.speculator",
     "sync_draft_step": "specdec.draft_builders",
 }
 
@@ -82,6 +83,7 @@ __all__ = [
     "draft_decode_positions",
     "pad_model_rows",
     "padded_rows",
+    "rows_to_score",
     "sync_draft_step",
 ]
 
@@ -107,7 +109,15 @@ if TYPE_CHECKING:
     from specdec.nn.transformer import ModelOutput, Transformer
     from specdec.sampling import SamplingParams
     from specdec.scheduler import SchedulerConfig
-    from specdec.speculator import DraftContext, DraftModel, DraftOutput, Proposal, Speculator, TargetStep
+    from specdec.speculator import (
+        DraftContext,
+        DraftModel,
+        DraftOutput,
+        Proposal,
+        Speculator,
+        TargetStep,
+        rows_to_score,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -131,10 +132,23 @@ class Proposal:
 
 @dataclass(frozen=True, eq=False)
 class DraftOutput:
-    """A draft forward's result: per-row hidden states (pre-norm, fed back by EAGLE) and logits."""
+    """A draft forward's result: per-row hidden states (pre-norm, fed back by EAGLE) and logits.
+
+    ``logits`` has a row per model row, or, where the forward was given
+    ``scored_rows``, a row per scored row in that order.
+    """
 
     hidden_states: Float[Tensor, "num_tokens hidden"]
-    logits: Float[Tensor, "num_tokens vocab"]
+    logits: Float[Tensor, "scored vocab"]
+
+
+def rows_to_score(
+    hidden: Float[Tensor, "num_tokens hidden"], scored_rows: Sequence[int] | None
+) -> Float[Tensor, "scored hidden"]:
+    """The rows a draft network puts through its LM head: all of them, or only those the drafter samples."""
+    if scored_rows is None:
+        return hidden
+    return hidden[torch.tensor(scored_rows, dtype=torch.int64, device=hidden.device)]
 
 
 @runtime_checkable
@@ -151,7 +165,10 @@ class DraftModel(Protocol):
         features: Float[Tensor, "num_tokens feat"] | None,
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
-    ) -> DraftOutput: ...
+        scored_rows: Sequence[int] | None = None,
+    ) -> DraftOutput:
+        """``scored_rows``: compute logits for these model rows only, in this order (None: for every row)."""
+        ...
 
 
 @runtime_checkable
@@ -287,14 +304,21 @@ class DraftContext:
         kv: PagedKVStorage,
         *,
         num_tokens_across_dp: Sequence[int] | None = None,
+        scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
         """Check ``facts`` for ``step_kind``, then run ``model`` on exactly those inputs and metadata.
 
         ``facts.hidden_states`` is the extra per-row input (fused target
         features or the drafter's own previous hidden state) when there is one.
+        ``scored_rows`` asks for logits at those model rows only (the rows the
+        drafter samples); a step that samples nothing passes ``()`` and pays
+        no LM head. It is passed on only when given, so a network that scores
+        every row need not know the keyword.
         """
         self.check_batch(step_kind, facts)
         across = num_tokens_across_dp if self.dp_group is not None else None
+        rows = None if scored_rows is None else tuple(scored_rows)
+        selection = {} if rows is None else {"scored_rows": rows}
         out = model(
             facts.input_ids,
             facts.positions,
@@ -303,11 +327,13 @@ class DraftContext:
             features=facts.hidden_states,
             dp_group=self.dp_group,
             num_tokens_across_dp=across,
+            **selection,
         )
-        # Before the drafter samples: non-finite logits are named here (VER-8), not by a failure inside sampling.
+        # Before the drafter samples: the rows it scored (VER-11) and their values (VER-8) are checked here, not
+        # by a failure inside sampling.
         check(
             Subject.FORWARD_OUTPUT,
-            ForwardOutputFacts(num_tokens=facts.num_tokens, logits=out.logits),
+            ForwardOutputFacts(num_tokens=facts.num_tokens, logits=out.logits, scored_rows=rows),
             step_kind=step_kind,
             component="draft forward output",
             backend=self.backend,

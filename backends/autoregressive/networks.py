@@ -22,7 +22,7 @@ from specdec.kv_storage import PagedKVStorage
 from specdec.nn.config import ModelConfig
 from specdec.nn.layers import Linear, RMSNorm, WeightInit
 from specdec.nn.transformer import DecoderLayer, Transformer
-from specdec.speculator import DraftOutput
+from specdec.speculator import DraftOutput, rows_to_score
 
 
 class EagleHead(nn.Module):
@@ -62,6 +62,14 @@ class EagleHead(nn.Module):
     def head_logits(self, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
         return head_logits(self.target, self.draft_vocab, normed)
 
+    def prepare_packed(self) -> None:
+        """Pack the head's weights and cut its draft vocabulary's sub-head once, when it is bound to an engine."""
+        self.fuse.prepare_packed()
+        self.input_proj.prepare_packed()
+        self.layer.prepare_packed()
+        if self.draft_vocab is not None:
+            self.draft_vocab.prepare(self.target)
+
     def fuse_aux(self, aux: Sequence[Float[Tensor, "*rows hidden"]]) -> Float[Tensor, "*rows hidden"]:
         if len(aux) != self.num_aux:
             raise ValueError(f"EAGLE head fuses {self.num_aux} target layers, got {len(aux)}")
@@ -78,12 +86,13 @@ class EagleHead(nn.Module):
         features: Float[Tensor, "num_tokens hidden"] | None,
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
+        scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
         if features is None:
             raise ValueError("an EAGLE head needs per-row features (fused target hidden states or its own)")
         x = self.input_proj(torch.cat([self.target.embed(input_ids), features], dim=-1))
         h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
-        return DraftOutput(h, self.head_logits(self.norm(h)))
+        return DraftOutput(h, self.head_logits(self.norm(rows_to_score(h, scored_rows))))
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         c = self.config
@@ -109,10 +118,11 @@ class ModelDrafter(nn.Module):
         features: Float[Tensor, "num_tokens hidden"] | None,
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
+        scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
         del features  # a standalone model sees tokens only
         out = self.model(input_ids, positions, meta, kv, dp_group=dp_group, num_tokens_across_dp=num_tokens_across_dp)
-        return DraftOutput(out.hidden_states, self.model.compute_logits(out.hidden_states))
+        return DraftOutput(out.hidden_states, self.model.compute_logits(rows_to_score(out.hidden_states, scored_rows)))
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         return self.model.make_kv_storage(num_blocks, block_size)

@@ -68,13 +68,17 @@ class AutoregressiveSpeculator(DraftCacheOwner):
     def bind(self, target: Transformer, ctx: DraftContext) -> None:
         self._kv = ctx.new_cache("autoregressive", lookahead_tokens=self.num_spec_tokens + 1)
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
+        if isinstance(self.network, EagleHead):  # a separate draft model packs on first use, as a target does
+            self.network.prepare_packed()
 
     # -- one proposal ----------------------------------------------------------------------------
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        prefill = self._prefill(step, ctx)
-        drafting = [r for r in range(step.num_reqs) if step.drafting[r]]
         k = self.num_spec_tokens
+        # A request whose budget is 0 (the draft-length policy decided drafting does not pay) only has its
+        # prefill rows written: no first draft, no decode rows.
+        drafting = [r for r in range(step.num_reqs) if step.draft_budget(r, k) > 0]
+        prefill = self._prefill(step, ctx, self.sampled_rows(step, drafting))
         vocab = prefill.logits.shape[-1]
         device = prefill.logits.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
@@ -85,11 +89,11 @@ class AutoregressiveSpeculator(DraftCacheOwner):
 
         rows = torch.tensor([step.last_valid[r] for r in drafting], dtype=torch.int64, device=device)
         if self.samples_in_prefill:
-            first, first_probs = self._draw(prefill.logits[rows], params)
+            first, first_probs = self._draw(prefill.logits, params)  # scored at exactly these rows
             tokens[drafting, 0] = first
             probs[drafting, 0] = first_probs
             if source is not None:
-                source[drafting, 0] = prefill.logits[rows].float()
+                source[drafting, 0] = prefill.logits.float()
             features: Tensor | None = prefill.hidden_states[rows]
             decode_steps, column_offset = k - 1, 1
         else:
@@ -113,7 +117,17 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             source=None if all_greedy or source is None else proposal_source(source, num_drafts, step.params),
         )
 
-    def _prefill(self, step: TargetStep, ctx: DraftContext) -> DraftOutput:
+    def sampled_rows(self, step: TargetStep, drafting: list[int]) -> tuple[int, ...]:
+        """The prefill rows the first draft is drawn from: each drafting request's last real row (EAGLE only).
+
+        Only these rows pay the LM head: a draft model samples nothing from its
+        prefill, and a step where no request has a draft budget scores no row.
+        """
+        if not self.samples_in_prefill:
+            return ()
+        return tuple(step.last_valid[r] for r in drafting)
+
+    def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
         """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
         kv, device = self.kv, step.input_ids.device
         meta = build_target_metadata(list(step.scheduled), step.desc, kv, device=device)
@@ -140,6 +154,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             facts,
             self.storage,
             num_tokens_across_dp=step.dp_state.num_tokens_across_dp,
+            scored_rows=scored_rows,
         )
         return out
 

@@ -27,8 +27,9 @@ from specdec.kv_storage import PagedKVStorage
 from specdec.nn.attention import attend, validate_attention_inputs, write_kv
 from specdec.nn.config import ModelConfig
 from specdec.nn.layers import Linear, RMSNorm, WeightInit, apply_rope
+from specdec.nn.packed_linear import PackedLinear
 from specdec.nn.transformer import DecoderLayer, SelfAttention, Transformer
-from specdec.speculator import DraftOutput
+from specdec.speculator import DraftOutput, rows_to_score
 
 MASK_TOKEN_ID = -2
 """Input id of a MASK row; it selects the drafter's learned MASK embedding (not a vocabulary entry)."""
@@ -66,12 +67,23 @@ def block_attention(
 
 
 def context_kv(
-    attn: SelfAttention, feature: Float[Tensor, "ctx hidden"], positions: Int[Tensor, " ctx"]
+    attn: SelfAttention,
+    feature: Float[Tensor, "ctx hidden"],
+    positions: Int[Tensor, " ctx"],
+    packed: PackedLinear | None = None,
 ) -> tuple[Float[Tensor, "ctx kv_heads head_dim"], Float[Tensor, "ctx kv_heads head_dim"]]:
-    """One layer's injected K (rotated at the context positions) and V from the fused target feature."""
+    """One layer's injected K (rotated at the context positions) and V from the fused target feature.
+
+    With ``packed``, K and V come from one matmul over both weights (an
+    inference step's path); without, from the two projections (training's).
+    """
     n = feature.shape[0]
-    k = attn.k_proj(feature).view(n, attn.num_kv_heads, attn.head_dim)
-    v = attn.v_proj(feature).view(n, attn.num_kv_heads, attn.head_dim)
+    if packed is None:
+        k, v = attn.k_proj(feature), attn.v_proj(feature)
+    else:
+        k, v = packed.run(feature, (attn.k_proj.weight, attn.v_proj.weight))
+    k = k.reshape(n, attn.num_kv_heads, attn.head_dim)
+    v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
     return apply_rope(k, positions, attn.rope_theta), v
 
 
@@ -112,6 +124,8 @@ class DFlashNetwork(nn.Module):
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, init, "hidden_norm")
         self.mask_embedding = init.parameter("mask_embedding", (hidden,), 1.0)
         self.layers = nn.ModuleList(DecoderLayer(config, init, i) for i in range(config.num_layers))
+        self._context_kv = [PackedLinear() for _ in range(config.num_layers)]
+        """Each layer's context K and V projections as one matrix: one matmul per layer per context write."""
         self.norm = RMSNorm(hidden, config.rms_norm_eps, init, "norm")
         self._target = [target]  # shared, frozen; a list keeps it out of this module's parameters
         self.draft_vocab: DraftVocab | None = None
@@ -123,6 +137,15 @@ class DFlashNetwork(nn.Module):
 
     def head_logits(self, normed: Float[Tensor, "rows hidden"]) -> Float[Tensor, "rows vocab"]:
         return head_logits(self.target, self.draft_vocab, normed)
+
+    def prepare_packed(self) -> None:
+        """Pack the drafter's weights and cut its draft vocabulary's sub-head once, when it is bound to an engine."""
+        self.fc.prepare_packed()
+        for layer, packed in zip(self.decoder_layers(), self._context_kv, strict=True):
+            layer.prepare_packed()
+            packed.prepare((layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight))
+        if self.draft_vocab is not None:
+            self.draft_vocab.prepare(self.target)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
@@ -157,8 +180,8 @@ class DFlashNetwork(nn.Module):
     ) -> None:
         """Write every layer's context K/V of the target rows; ``PAD_SLOT_ID`` rows (rejected, padded) are dropped."""
         feature = self.fuse(aux)
-        for layer in self.decoder_layers():
-            k, v = context_kv(layer.self_attn, feature, positions)
+        for layer, packed in zip(self.decoder_layers(), self._context_kv, strict=True):
+            k, v = context_kv(layer.self_attn, feature, positions, packed)
             kv.write(layer.self_attn.layer, slot_mapping, k, v)
 
     # -- the block forward -------------------------------------------------------------------------
@@ -180,6 +203,7 @@ class DFlashNetwork(nn.Module):
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
         context_lens: Sequence[int] | None = None,
+        scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
         """One block pass over ``desc.num_tokens`` model rows; attention over ``meta.num_tokens_padded`` rows.
 
@@ -199,7 +223,7 @@ class DFlashNetwork(nn.Module):
             x = self._layer(layer, x, positions, meta, kv, context_lens, dp_group, num_tokens_across_dp)
         if self.echo:
             x = self._echo(x, x0, meta.num_reqs, q_width)
-        return DraftOutput(x, self.head_logits(self.norm(x)))
+        return DraftOutput(x, self.head_logits(self.norm(rows_to_score(x, scored_rows))))
 
     @staticmethod
     def _layer(

@@ -73,6 +73,7 @@ class BlockStep:
         features: Float[Tensor, "num_tokens feat"] | None,
         dp_group: DPGroup | None,
         num_tokens_across_dp: Sequence[int] | None,
+        scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
         c = self.context
         self.network.inject_context(c.aux, c.positions, c.slot_mapping, kv)
@@ -85,6 +86,7 @@ class BlockStep:
             dp_group=dp_group,
             num_tokens_across_dp=num_tokens_across_dp,
             context_lens=self.context_lens,
+            scored_rows=scored_rows,
         )
         return out
 
@@ -135,6 +137,7 @@ class DFlashSpeculator(DraftCacheOwner):
             )
         self._kv = ctx.new_cache("dflash")  # context only: block K/V are never cached, so no lookahead
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
+        self.network.prepare_packed()
 
     # -- one proposal ----------------------------------------------------------------------------
 

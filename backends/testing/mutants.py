@@ -81,14 +81,13 @@ def _decode_sync_verify_shaped(real: Any) -> Any:
 def _prefill_on_real_rows(real: Any) -> Any:
     """The draft prefill runs on the target step cut to its real tokens: ids, positions and hidden states."""
 
-    def prefill(self: Any, step: Any, ctx: Any) -> Any:
+    def prefill(self: Any, step: Any, ctx: Any, *args: Any) -> Any:
         n, out = step.num_tokens, step.output
         cut = dataclasses.replace(
             out, hidden_states=out.hidden_states[:n], aux_hidden_states=tuple(a[:n] for a in out.aux_hidden_states)
         )
-        return real(
-            self, dataclasses.replace(step, input_ids=step.input_ids[:n], positions=step.positions[:n], output=cut), ctx
-        )
+        short = dataclasses.replace(step, input_ids=step.input_ids[:n], positions=step.positions[:n], output=cut)
+        return real(self, short, ctx, *args)
 
     return prefill
 
@@ -101,6 +100,23 @@ def _rows_own_length(real: Any) -> Any:
         return out
 
     return pad
+
+
+def _first_draft_row_in_padded_layout(real: Any) -> Any:
+    """EAGLE locates the last request's last row from the padded token count: its first draft is read off padding.
+
+    The "12 requests padded to 13 tokens" confusion at the sampling side: the
+    row is ``desc.num_tokens - 1`` (the DP or CUDA-graph pad included) instead
+    of the request's own last real row.
+    """
+
+    def rows(self: Any, step: Any, drafting: list[int]) -> tuple[int, ...]:
+        out = list(real(self, step, drafting))
+        if out and drafting[-1] == step.num_reqs - 1:
+            out[-1] = step.desc.num_tokens - 1
+        return tuple(out)
+
+    return rows
 
 
 def _drawn_before_transform(real: Any) -> Any:
@@ -306,6 +322,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "dp",
         "AR-5",
         lambda: wrapped(specdec.draft_builders, "decode_attention_rows", _attention_rows_from_desc),
+    ),
+    Mutant(
+        "eagle-first-draft-from-padded-row",
+        "EAGLE samples the last request's first draft at row desc.num_tokens - 1, the CUDA-graph pad's last row",
+        "eagle",
+        "graph",
+        "VER-11",
+        lambda: wrapped(AutoregressiveSpeculator, "sampled_rows", _first_draft_row_in_padded_layout),
     ),
     Mutant(
         "dflash-dp-pad-block-attention",

@@ -6,6 +6,7 @@ check after sampling sees the same inputs and skips them.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -367,7 +368,8 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
 
 @invariant(
     "VER-8",
-    "A draft forward's logits hold no NaN or +inf on its real rows, and every real row has a finite entry.",
+    "A draft forward's logits hold no NaN or +inf on its real rows (or on the rows it scored), and every such row "
+    "has a finite entry.",
     tag=Tag.D,
     subject=Subject.FORWARD_OUTPUT,
     step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS},
@@ -379,9 +381,11 @@ def ver_8(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
     if not reader.allow_device:
         return None
     logits = facts.logits
-    if logits.dim() != 2 or logits.shape[0] < facts.num_tokens:
-        return {"logits shape": tuple(logits.shape), "real rows": facts.num_tokens}
-    real = logits[: facts.num_tokens]
+    scored = facts.scored_rows
+    rows = list(range(facts.num_tokens)) if scored is None else list(scored)
+    if logits.dim() != 2 or logits.shape[0] < len(rows):
+        return None  # the rows themselves are VER-11's, checked in every mode but off
+    real = logits[: len(rows)]
     finite = reader.device(real.amax(dim=-1).isfinite())  # NaN and +inf propagate; -inf only for an all -inf row
     if finite is None or all(finite):
         return None
@@ -389,13 +393,51 @@ def ver_8(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
     first = real[bad[0]]
     return {
         "real rows": facts.num_tokens,
-        "non-finite rows": _cut(bad),
-        f"row {bad[0]}": {
+        "non-finite rows": _cut([rows[i] for i in bad]),
+        f"row {rows[bad[0]]}": {
             "NaN entries": int(first.isnan().sum()),
             "+inf entries": int((first == float("inf")).sum()),
             "finite entries": int(first.isfinite().sum()),
         },
     }
+
+
+@invariant(
+    "VER-11",
+    "A draft forward's logits hold exactly the rows it was asked to score: every model row when it named none, else "
+    "one row per named row, and the named rows are real rows (below the real token count), in increasing order.",
+    tag=Tag.S,
+    subject=Subject.FORWARD_OUTPUT,
+    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS},
+    likely_cause="the drafter located the rows it samples in the padded layout (the DP pad or the CUDA-graph pad "
+    "counted as tokens, so the last request's row points at padding), or its network ignored the rows it was asked "
+    "for; a draft drawn from such a row is drawn from garbage",
+    accepts="no scored rows at all (a step where no request samples from this forward pays no LM head)",
+)
+def ver_11(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
+    del reader
+    logits = facts.logits
+    scored = facts.scored_rows
+    if scored is None:
+        if logits.dim() == 2 and logits.shape[0] >= facts.num_tokens:
+            return None
+        return {"logits shape": tuple(logits.shape), "real rows": facts.num_tokens, "problem": "fewer rows than tokens"}
+    outside = [r for r in scored if not 0 <= r < facts.num_tokens]
+    unordered = [b for a, b in itertools.pairwise(scored) if b <= a]
+    if outside or unordered:
+        return {
+            "scored rows": _cut(list(scored)),
+            "real rows": facts.num_tokens,
+            "problem": "rows past the real tokens (padding)" if outside else "rows not in increasing order",
+            "offending": _cut(outside or unordered),
+        }
+    if logits.dim() != 2 or logits.shape[0] != len(scored):
+        return {
+            "logits shape": tuple(logits.shape),
+            "scored rows": len(scored),
+            "problem": "the network did not return one logits row per scored row",
+        }
+    return None
 
 
 def _temperature_softmax(logits: Any, temperature: float) -> Any:

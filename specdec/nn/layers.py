@@ -65,6 +65,9 @@ class Linear(nn.Module):
     def forward(self, x: Float[Tensor, "*batch in_features"]) -> Float[Tensor, "*batch out_features"]:
         return self.packed.run(x, (self.weight,))[0]
 
+    def prepare_packed(self) -> None:
+        self.packed.prepare((self.weight,))
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 and cast back as Hugging Face Llama does."""
@@ -117,3 +120,8 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: Float[Tensor, "num_tokens hidden"]) -> Float[Tensor, "num_tokens hidden"]:
         gate, up = self.gate_up.run(x, (self.gate_proj.weight, self.up_proj.weight))
         return self.down_proj(F.silu(gate) * up)
+
+    def prepare_packed(self) -> None:
+        """The matrices ``forward`` multiplies (gate and up only as their fused copy)."""
+        self.gate_up.prepare((self.gate_proj.weight, self.up_proj.weight))
+        self.down_proj.prepare_packed()

@@ -11,11 +11,11 @@ verify forward cost about one decode forward.
 For fp32, MKL's ``sgemm`` grows with the rows where oneDNN's packed fp32
 matmul stays nearly flat: on an AVX2 CPU, an LM head took 10.7 / 19.9 / 30.0 ms
 for 1 / 2 / 3 rows through MKL and 5.6 / 6.2 / 6.5 ms packed. The packed
-kernel also gives a row the same bits for any row count up to at least 40
-(measured for every SmolLM2 weight shape), so a verify row equals the decode
-step of the same token in every linear. fp32 therefore takes the packed path
-for every decode, verify and block size (``FP32_PACKED_ROWS``); prefills keep
-MKL. The results differ from ``F.linear`` by summation order (~1e-6 relative);
+kernel's rows are independent of each other, and on that AVX2 CPU a row also
+got the same bits at any row count up to 40; on an AVX-512 CPU a 576x1536
+product differs in the last bit between one row and two, so that part depends
+on the host. fp32 takes the packed path for every decode, verify and block size
+(``FP32_PACKED_ROWS``); prefills keep MKL. The results differ from ``F.linear`` by summation order (~1e-6 relative);
 the transformers parity test bounds that difference.
 
 Several weights that read the same input (q/k/v, gate/up) are packed as one
@@ -124,6 +124,13 @@ class PackedLinear:
         if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+
+    def prepare(self, weights: Sequence[Tensor]) -> None:
+        """Pack now what the first one-row call would pack: at load time, not inside the first timed step."""
+        probe = torch.empty((1, weights[0].shape[1]), dtype=weights[0].dtype, device=weights[0].device)
+        with torch.no_grad():
+            if self.applies(probe, weights):
+                self._pack(weights)
 
     def _pack(self, weights: Sequence[Tensor]) -> Tensor:
         key = tuple((w.data_ptr(), w._version, w.shape[0]) for w in weights)

@@ -123,6 +123,11 @@ class SelfAttention(nn.Module):
             else None
         )
 
+    def prepare_packed(self) -> None:
+        """The matrices a forward multiplies (q, k and v only as their fused copy)."""
+        self.qkv.prepare((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        self.o_proj.prepare_packed()
+
     def project(
         self,
         h: Float[Tensor, "num_tokens hidden"],
@@ -206,6 +211,12 @@ class DecoderLayer(nn.Module):
             if config.moe is not None
             else SwiGLUMLP(config.hidden_size, config.intermediate_size, init, f"{name}.mlp")
         )
+
+    def prepare_packed(self) -> None:
+        """Pack this layer's weights for the decode-sized path now (a drafter's ``bind``), not in its first step."""
+        self.self_attn.prepare_packed()
+        if isinstance(self.mlp, SwiGLUMLP):
+            self.mlp.prepare_packed()
 
     def run_mlp(
         self,

@@ -84,6 +84,7 @@ class _UncheckedContext(_ContextProxy):
         kv: PagedKVStorage,
         *,
         num_tokens_across_dp: Any = None,
+        scored_rows: Any = None,
     ) -> DraftOutput:
         del step_kind
         group = self._ctx.dp_group
@@ -95,6 +96,7 @@ class _UncheckedContext(_ContextProxy):
             features=facts.hidden_states,
             dp_group=group,
             num_tokens_across_dp=num_tokens_across_dp if group is not None else None,
+            scored_rows=scored_rows,
         )
 
 

@@ -211,6 +211,38 @@ def test_non_finite_draft_logits_on_a_real_row_are_ver_8_padded_rows_are_not() -
     assert violated(Subject.FORWARD_OUTPUT, facts, DECODE) == "VER-8"
 
 
+def test_ver_8_reads_the_scored_rows_and_names_them_by_model_row() -> None:
+    logits = torch.randn(2, 10)  # rows 1 and 3 of a 4-token forward, scored alone
+    facts = ForwardOutputFacts(num_tokens=4, logits=logits, scored_rows=(1, 3))
+    assert violated(Subject.FORWARD_OUTPUT, facts, DECODE) is None
+    logits[1, 0] = float("inf")
+    with contracts.enforce("full"), pytest.raises(ContractViolation) as err:
+        check(Subject.FORWARD_OUTPUT, facts, step_kind=DECODE, component="test")
+    assert err.value.invariant_id == "VER-8"
+    assert "row 3" in str(err.value)  # the model row, not the position in the scored subset
+
+
+# -- VER-11: a draft forward's logits hold exactly the rows it was asked to score ------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["shapes", "full"])
+def test_scored_rows_past_the_real_tokens_or_out_of_order_are_ver_11(mode: str) -> None:
+    def facts(rows: tuple[int, ...] | None, logit_rows: int) -> ForwardOutputFacts:
+        return ForwardOutputFacts(num_tokens=12, logits=torch.zeros(logit_rows, 10), scored_rows=rows)
+
+    assert violated(Subject.FORWARD_OUTPUT, facts((3, 7, 11), 3), DECODE, mode) is None
+    assert violated(Subject.FORWARD_OUTPUT, facts((), 0), DECODE, mode) is None  # nobody samples: no LM head
+    assert violated(Subject.FORWARD_OUTPUT, facts(None, 13), DECODE, mode) is None  # every model row, pad included
+    # 12 real tokens padded to 13: the last request's row located in the padded layout points at the pad.
+    assert violated(Subject.FORWARD_OUTPUT, facts((3, 7, 12), 3), DECODE, mode) == "VER-11"
+    assert violated(Subject.FORWARD_OUTPUT, facts((7, 3), 2), DECODE, mode) == "VER-11"
+    assert violated(Subject.FORWARD_OUTPUT, facts((3, 3), 2), DECODE, mode) == "VER-11"
+    # A network that ignored the rows it was asked for, and one that returned fewer rows than tokens.
+    assert violated(Subject.FORWARD_OUTPUT, facts((3, 7), 13), DECODE, mode) == "VER-11"
+    assert violated(Subject.FORWARD_OUTPUT, facts(None, 11), DECODE, mode) == "VER-11"
+    assert violated(Subject.FORWARD_OUTPUT, facts((3, 7, 12), 3), DECODE, "off") is None
+
+
 # -- VER-9: the reported proposal is the drafter's logits under the request's settings --------------------------------
 
 SETTINGS = [
