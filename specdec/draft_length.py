@@ -143,9 +143,12 @@ class DraftLengthPolicy:
     ) -> None:
         """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before.
 
-        A request at 0 drafts is probed after ``probe_every`` decisions; each probe
-        rejected doubles its wait, up to ``probe_backoff`` times ``probe_every``,
-        and an accepted one resets it: a request that never pays costs fewer probes.
+        A request at 0 drafts is probed after ``probe_every`` decisions. Each probe
+        doubles its wait, up to ``probe_backoff`` times ``probe_every``, and the wait
+        resets only when the request drafts again because drafting pays: a probe
+        accepted at a rate that still does not pay (sampling at T = 1, open chat)
+        says nothing new, and a batch of such requests would otherwise probe on
+        most steps.
         """
         if num_spec_tokens < 1 or probe_every < 1 or probe_backoff < 1:
             raise ValueError(
@@ -181,6 +184,7 @@ class DraftLengthPolicy:
         for rid in req_ids:
             if lengths[rid]:
                 self._idle[rid] = 0
+                self._probe_wait.pop(rid, None)  # drafting pays: the next idle spell probes after probe_every
                 continue
             idle = self._idle.get(rid, 0) + 1
             self._idle[rid] = idle
@@ -194,8 +198,7 @@ class DraftLengthPolicy:
         if req_id in self._probing and num_drafts:
             self._probing.discard(req_id)
             wait = self._probe_wait.get(req_id, self.probe_every)
-            limit = self.probe_every * self.probe_backoff
-            self._probe_wait[req_id] = self.probe_every if num_accepted else min(2 * wait, limit)
+            self._probe_wait[req_id] = min(2 * wait, self.probe_every * self.probe_backoff)
 
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)

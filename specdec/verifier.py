@@ -160,9 +160,12 @@ def verify(
         target_probs = probabilities(logits, row_params)
         # Rows no token can be drawn from become uniform, so sampling runs; their requests emit nothing below.
         target_probs = torch.where(finite_rows[:, None], target_probs, 1.0 / vocab)
-        draft_probs = None if inp.draft_probs is None else inp.draft_probs[s]
+        # Only the slots some request drafted: a step that drafts little (the adaptive length, probes) or
+        # nothing must not pay K vocabulary-wide slots per request. Slots past every count are invalid anyway.
+        width = max(num_draft_tokens, default=0)
+        draft_probs = None if inp.draft_probs is None else inp.draft_probs[s, :width]
         num_accepted[s], recovered[s], recovery = _verify_sampled(
-            target_probs[row_index[s]], safe_drafts[s], valid[s], draft_probs, generator
+            target_probs[row_index[s, : width + 1]], safe_drafts[s, :width], valid[s, :width], draft_probs, generator
         )
         recovery = dataclasses.replace(recovery, rows=s)
     num_accepted = torch.where(drawable, num_accepted, 0)

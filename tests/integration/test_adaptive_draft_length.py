@@ -109,3 +109,25 @@ def test_a_policy_for_another_k_or_a_fixed_engine_is_refused(target: Transformer
         Engine(target, CONFIG, speculator=self_drafter(target), draft_policy=DraftLengthPolicy(4))
     with pytest.raises((ValueError, TypeError), match="draft_length"):  # TypeError: under the type hook
         EngineConfig(draft_length="sometimes")  # type: ignore[arg-type]
+
+
+class NeverDraft(DraftLengthPolicy):
+    """A policy that never drafts (no probes either): every step is plain decoding through a drafter's engine."""
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+        return dict.fromkeys(req_ids, 0)
+
+
+def test_steps_that_draft_nothing_sample_exactly_as_plain_decoding(target: Transformer) -> None:
+    """With no drafts the verifier draws nothing for the K empty slots: the same random stream, the same tokens."""
+
+    def sampled(engine: Engine) -> list[list[int]]:
+        params = SamplingParams(temperature=1.0)
+        reqs = [engine.add_request(f"s{i}", p, params=params, max_tokens=24, seed=i) for i, p in enumerate(PROMPTS)]
+        while engine.has_work:
+            engine.step()
+        return [list(r.output) for r in reqs]
+
+    spec = Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=NeverDraft(4))
+    assert sampled(spec) == sampled(Engine(target, CONFIG))
+    assert spec.metrics.snapshot().counts()["drafted"] == 0

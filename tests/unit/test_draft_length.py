@@ -159,7 +159,7 @@ def test_a_known_cost_skips_calibration_and_fitting() -> None:
     assert policy.cost.fitted is not None and policy.choose(["a"], base_rows=1) == {"a": 2}  # the known cost wins
 
 
-def test_a_rejected_probe_doubles_the_wait_and_an_accepted_one_resets_it() -> None:
+def test_probes_back_off_until_drafting_pays_again() -> None:
     policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE)
     for _ in range(30):
         policy.record_verification("a", 1, 0)  # nothing pays: "a" sits at 0 drafts
@@ -175,8 +175,16 @@ def test_a_rejected_probe_doubles_the_wait_and_an_accepted_one_resets_it() -> No
 
     assert decisions(16, accept=0) == [0, 1] + [0, 0, 0, 1] + [0] * 7 + [1] + [0, 0]  # waits 2, 4, 8, then 8 at most
     policy.record_verification("a", 1, 1)  # an accepted draft outside a probe changes no wait
-    # Still a wait of 8 (6 more decisions); that probe is accepted, so the next comes after probe_every = 2.
-    assert decisions(8, accept=1) == [0, 0, 0, 0, 0, 1, 0, 1]
+    # Still a wait of 8 (6 more decisions). That probe is accepted, but one acceptance does not make drafting
+    # pay, so the wait stays at its cap: accepted probes at a rate that never pays cost no more than rejected ones.
+    assert decisions(14, accept=1) == [0] * 5 + [1] + [0] * 7 + [1]
+    for _ in range(40):
+        policy.record_verification("a", 4, 4)  # now every draft is accepted: drafting pays
+    assert policy.choose(["a"], base_rows=1)["a"] > 0
+    for _ in range(400):
+        policy.record_verification("a", 1, 0)  # and then it stops paying
+    # The request drafted because it paid, so its next idle spell probes after probe_every again.
+    assert decisions(4, accept=0) == [0, 1, 0, 0]
     policy.forget("a")
     with pytest.raises(ValueError, match="probe_backoff"):
         DraftLengthPolicy(4, probe_backoff=0)
