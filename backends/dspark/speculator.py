@@ -93,12 +93,14 @@ class DSparkSpeculator(DFlashSpeculator):
         # Explicit sizes: a rank with no drafting request (m = 0) still runs the block forward for its DP peers.
         backbone = out.logits[sample_rows].view(m, k, out.logits.shape[-1])
         hidden = out.hidden_states[sample_rows].view(m, k, out.hidden_states.shape[-1])
-        drawn, prev, probs, confidence = self._markov_loop(backbone, hidden, anchors, params)
+        # The engine verifies at most each request's budget: slots past the longest one are not drawn at all.
+        width = max((step.draft_budget(r, k) for r in drafting), default=0)
+        drawn, prev, probs, confidence = self._markov_loop(backbone, hidden, anchors, params, width)
         survival = self._survival(confidence)
 
         if self.capacity == "budget" and self.measure_cost:
             self._refit_cost(ctx)
-        capacity = self._capacity(survival)
+        capacity = self._capacity(survival).clamp(max=width)
         mask = prefix_mask(capacity, k)
         tokens[drafting] = torch.where(mask, drawn, REJECTED_TOKEN_ID)
         draft_probs = sampled_from = handed = None
@@ -111,7 +113,7 @@ class DSparkSpeculator(DFlashSpeculator):
                 draft_probs = torch.zeros_like(sampled_from)
                 draft_probs[drafting] = handed
         # The scheduler needs host counts: all K without a device read, else one (m,) copy per step.
-        host = [k] * m if self.capacity == "full" else capacity.tolist()
+        host = [width] * m if self.capacity == "full" else capacity.tolist()
         counts = dict(zip(drafting, host, strict=True))
         return Proposal(
             draft_token_ids=tokens,
@@ -135,20 +137,31 @@ class DSparkSpeculator(DFlashSpeculator):
         hidden: Float[Tensor, "m k hidden"],
         anchors: Int[Tensor, " m"],
         params: list[SamplingParams],
+        width: int | None = None,
     ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"], Float[Tensor, "m k"]]:
-        """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, confidences."""
+        """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, confidences.
+
+        Only the first ``width`` slots are drawn (default all K). Past them a slot
+        has no draft (``REJECTED_TOKEN_ID``), no proposal (zeros) and confidence 0,
+        so survival is 0 there and no capacity reaches them; the chain's previous
+        token stays the last draft, as it would be.
+        """
         m, k, vocab = backbone.shape
-        drawn = torch.empty((m, k), dtype=torch.int64, device=backbone.device)
+        width = k if width is None else min(width, k)
+        drawn = torch.full((m, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=backbone.device)
         prevs = torch.empty_like(drawn)
-        probs = torch.empty((m, k, vocab), dtype=torch.float32, device=backbone.device)
-        conf = torch.empty((m, k), dtype=torch.float32, device=backbone.device)
+        fill = torch.empty if width == k else torch.zeros  # a (m, k, vocab) memset only where slots stay empty
+        probs = fill((m, k, vocab), dtype=torch.float32, device=backbone.device)
+        conf = torch.zeros((m, k), dtype=torch.float32, device=backbone.device)
         prev = self._markov_start(anchors)
-        for j in range(k):
+        prevs[:, :] = prev[:, None]
+        for j in range(width):
             prevs[:, j] = prev
             conf[:, j] = self.heads.confidence(hidden[:, j], prev).float()
             x, p = self._markov_step(backbone[:, j], prev, params)
             drawn[:, j], probs[:, j] = x, p
             prev = x
+            prevs[:, j + 1 :] = x[:, None]
         return drawn, prevs, probs, conf
 
     def _survival(self, confidence: Float[Tensor, "m k"]) -> Float[Tensor, "m k"]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -29,12 +30,13 @@ from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost, budget_capa
 from backends.dspark import speculator as dspark_module
 from backends.registry import spread_layers
 from contracts import ContractViolation, VerifierInput
+from specdec.draft_length import DraftLengthPolicy
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams, probabilities
 from specdec.scheduler import SchedulerConfig
-from specdec.speculator import Speculator
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
 from specdec.testing.dp_run import DPRunSpec, merged, plain_outputs, run_in_process
 from specdec.verifier import verify
 
@@ -96,6 +98,53 @@ def test_capacities_trim_the_verified_drafts_and_satisfy_blk_8(capacity: str) ->
     if capacity != "full":
         full = run(target, dspark(4, "full")(target))[0].metrics.drafted
         assert drafted < full
+
+
+class OneOrTwo(DraftLengthPolicy):
+    """Draft budgets of 1 and 2, by request: a DSpark step then has two slots to draw, not K."""
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+        return {r: 1 + i % 2 for i, r in enumerate(req_ids)}
+
+
+@pytest.mark.parametrize("capacity", sorted(CAPACITIES))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_dspark_draws_no_slot_past_the_longest_budget(
+    capacity: str, temperature: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each Markov slot is a vocabulary-wide draw: a probe (budget 1) must not pay for K of them."""
+    target = Transformer(ModelConfig.tiny(), seed=0)
+    draws: list[tuple[int, int]] = []
+    real_step, real_propose = DSparkSpeculator._markov_step, DSparkSpeculator.propose
+    slots = [0]
+
+    def counting_step(self: DSparkSpeculator, *args: Any) -> Any:
+        slots[0] += 1
+        return real_step(self, *args)
+
+    def propose(self: DSparkSpeculator, step: TargetStep, ctx: DraftContext) -> Proposal:
+        before = slots[0]
+        proposal = real_propose(self, step, ctx)
+        longest = max((step.draft_budget(r, self.num_spec_tokens) for r in range(step.num_reqs)), default=0)
+        draws.append((slots[0] - before, longest))
+        return proposal
+
+    monkeypatch.setattr(DSparkSpeculator, "_markov_step", counting_step)
+    monkeypatch.setattr(DSparkSpeculator, "propose", propose)
+    config = EngineConfig(
+        num_blocks=128, block_size=4, scheduler=SchedulerConfig(max_model_len=64), draft_length="adaptive"
+    )
+    params = SamplingParams(temperature=temperature)
+    with contracts.enforce("full"):  # BLK-8 reads the evidence of the slots left empty, VER-* the proposals
+        e = Engine(target, config, speculator=dspark(4, capacity)(target), draft_policy=OneOrTwo(4))
+        for i in range(4):
+            e.add_request(f"q{i}", [3 + i, 17, 40 + i], max_tokens=16, params=params, seed=i)
+        outputs = e.run()
+    if temperature == 0.0:
+        assert outputs == run(target, None)[1]
+    assert e.metrics.drafted > 0
+    assert draws and all(drawn <= longest for drawn, longest in draws), draws
+    assert any(longest == 2 and drawn == 2 for drawn, longest in draws)
 
 
 # -- lossless sampling -------------------------------------------------------------------------------------------
