@@ -137,31 +137,29 @@ class DSparkSpeculator(DFlashSpeculator):
         hidden: Float[Tensor, "m k hidden"],
         anchors: Int[Tensor, " m"],
         params: list[SamplingParams],
-        width: int | None = None,
+        width: int,
     ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"], Float[Tensor, "m k"]]:
         """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, confidences.
 
-        Only the first ``width`` slots are drawn (default all K). Past them a slot
+        Only the first ``width`` slots are drawn (all K under a fixed K). Past them a slot
         has no draft (``REJECTED_TOKEN_ID``), no proposal (zeros) and confidence 0,
         so survival is 0 there and no capacity reaches them; the chain's previous
         token stays the last draft, as it would be.
         """
         m, k, vocab = backbone.shape
-        width = k if width is None else min(width, k)
+        width = min(width, k)
         drawn = torch.full((m, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=backbone.device)
-        prevs = torch.empty_like(drawn)
         fill = torch.empty if width == k else torch.zeros  # a (m, k, vocab) memset only where slots stay empty
         probs = fill((m, k, vocab), dtype=torch.float32, device=backbone.device)
         conf = torch.zeros((m, k), dtype=torch.float32, device=backbone.device)
         prev = self._markov_start(anchors)
-        prevs[:, :] = prev[:, None]
+        prevs = prev[:, None].repeat(1, k)  # slot j's previous token; each draw becomes it for every later slot
         for j in range(width):
-            prevs[:, j] = prev
             conf[:, j] = self.heads.confidence(hidden[:, j], prev).float()
             x, p = self._markov_step(backbone[:, j], prev, params)
             drawn[:, j], probs[:, j] = x, p
-            prev = x
             prevs[:, j + 1 :] = x[:, None]
+            prev = x
         return drawn, prevs, probs, conf
 
     def _survival(self, confidence: Float[Tensor, "m k"]) -> Float[Tensor, "m k"]:

@@ -365,6 +365,9 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
 
 # -- the drafter's side: what its forwards hand to its sampler -------------------------------------------------------
 
+DRAFT_FORWARDS = {StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS}
+"""Every draft forward kind: what a forward returns is checked the same way whichever produced it."""
+
 
 @invariant(
     "VER-8",
@@ -372,7 +375,7 @@ def ver_7(facts: VerifierFacts, reader: ValueReader) -> Observed | None:
     "has a finite entry.",
     tag=Tag.D,
     subject=Subject.FORWARD_OUTPUT,
-    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS},
+    step_kinds=DRAFT_FORWARDS,
     likely_cause="the drafter produced non-finite values (a NaN or uninitialised drafter weight, an overflow in half "
     "precision); every draft and proposal built from these rows is garbage, and sampling from them fails",
     accepts="non-finite padded rows (a padded request attends to no key) and -inf entries of a masked token",
@@ -408,7 +411,7 @@ def ver_8(facts: ForwardOutputFacts, reader: ValueReader) -> Observed | None:
     "one row per named row, and the named rows are real rows (below the real token count), in increasing order.",
     tag=Tag.S,
     subject=Subject.FORWARD_OUTPUT,
-    step_kinds={StepKind.DRAFT_PREFILL, StepKind.DRAFT_DECODE, StepKind.DRAFT_BLOCK, StepKind.DRAFT_HEADS},
+    step_kinds=DRAFT_FORWARDS,
     likely_cause="the drafter located the rows it samples in the padded layout (the DP pad or the CUDA-graph pad "
     "counted as tokens, so the last request's row points at padding), or its network ignored the rows it was asked "
     "for; a draft drawn from such a row is drawn from garbage",
