@@ -16,7 +16,7 @@ from torch import Tensor
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
-from backends.draw import draw_drafts, proposal_source
+from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
     REJECTED_TOKEN_ID,
     BatchFacts,
@@ -82,16 +82,19 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         vocab = prefill.logits.shape[-1]
         device = prefill.logits.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
-        probs = torch.zeros((step.num_reqs, k, vocab), device=device)
-        # The logits each slot was drawn from, kept only where VER-9 will read them (full mode).
-        source = torch.zeros_like(probs) if current_mode() is Mode.FULL and not self.argmax_drafts else None
         params = [step.params[r] for r in drafting]
+        # A one-hot proposal is never handed over: no (num_reqs, K, vocab) buffer for it.
+        one_hot = argmax_proposal(params, argmax_drafts=self.argmax_drafts)
+        probs = None if one_hot else torch.zeros((step.num_reqs, k, vocab), device=device)
+        # The logits each slot was drawn from, kept only where VER-9 will read them (full mode).
+        source = torch.zeros_like(probs) if probs is not None and current_mode() is Mode.FULL else None
 
         rows = torch.tensor([step.last_valid[r] for r in drafting], dtype=torch.int64, device=device)
         if self.samples_in_prefill:
             first, first_probs = self._draw(prefill.logits, params)  # scored at exactly these rows
             tokens[drafting, 0] = first
-            probs[drafting, 0] = first_probs
+            if probs is not None and first_probs is not None:
+                probs[drafting, 0] = first_probs
             if source is not None:
                 source[drafting, 0] = prefill.logits.float()
             features: Tensor | None = prefill.hidden_states[rows]
@@ -107,14 +110,13 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             self._decode(
                 step, ctx, drafting, first, features, decode_steps, column_offset, params, tokens, probs, source
             )
-        all_greedy = self.argmax_drafts or all(step.params[r].greedy for r in drafting)
         num_drafts = tuple(step.draft_budget(r, k) for r in range(step.num_reqs))
         return Proposal(
             draft_token_ids=tokens,
             num_drafts=num_drafts,
-            draft_probs=None if all_greedy else probs,
-            sampled_from=None if all_greedy else probs,
-            source=None if all_greedy or source is None else proposal_source(source, num_drafts, step.params),
+            draft_probs=probs,
+            sampled_from=probs,
+            source=None if source is None else proposal_source(source, num_drafts, step.params),
         )
 
     def sampled_rows(self, step: TargetStep, drafting: list[int]) -> tuple[int, ...]:
@@ -179,7 +181,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         column_offset: int,
         params: list[SamplingParams],
         tokens: Tensor,
-        probs: Tensor,
+        probs: Tensor | None,
         source: Tensor | None = None,
     ) -> None:
         """Draft decode steps 1..num_steps: exactly one query per drafting request (AR-3..AR-8)."""
@@ -223,7 +225,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
                 drawn, drawn_probs = self._draw(out.logits[:m], params)
                 column = k - 1 + column_offset
                 tokens[drafting, column] = drawn
-                probs[drafting, column] = drawn_probs
+                if probs is not None and drawn_probs is not None:
+                    probs[drafting, column] = drawn_probs
                 if source is not None:
                     source[drafting, column] = out.logits[:m].float()
                 ids = drawn
@@ -231,7 +234,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
 
     def _draw(
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
-    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
+    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
         """Sample (or argmax for greedy requests) with the same transform the verifier applies to the target."""
         return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from backends.common import DraftCacheOwner
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
-from backends.draw import draw_drafts, proposal_source
+from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
     PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
@@ -156,10 +156,9 @@ class DFlashSpeculator(DraftCacheOwner):
         vocab = out.logits.shape[-1]
         drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
         tokens[drafting] = drawn.view(m, k)
-        all_greedy = self.argmax_drafts or all(p.greedy for p in params)
         probs = source = None
         num_drafts = tuple(step.draft_budget(r, k) for r in range(step.num_reqs))
-        if not all_greedy:
+        if drawn_probs is not None and not argmax_proposal(params, argmax_drafts=self.argmax_drafts):
             probs = torch.zeros((step.num_reqs, k, vocab), device=device)
             probs[drafting] = drawn_probs.view(m, k, vocab)
             if current_mode() is Mode.FULL:  # the logits behind each slot, for VER-9 to recompute the proposal
@@ -296,6 +295,6 @@ class DFlashSpeculator(DraftCacheOwner):
 
     def _draw(
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
-    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"]]:
+    ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
         """Argmax for greedy requests (and ``argmax_drafts``), else a sample from the verifier's own transform."""
         return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from backends.dflash.network import DFlashNetwork
 from backends.dflash.speculator import DFlashSpeculator, no_block_ran
-from backends.draw import draw_drafts
+from backends.draw import argmax_proposal, draw_drafts
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
 from contracts import (
@@ -104,7 +104,7 @@ class DSparkSpeculator(DFlashSpeculator):
         mask = prefix_mask(capacity, k)
         tokens[drafting] = torch.where(mask, drawn, REJECTED_TOKEN_ID)
         draft_probs = sampled_from = handed = None
-        if not all(p.greedy for p in params):
+        if probs is not None:
             handed = self._verifier_proposal(probs, backbone, params)
             sampled_from = torch.zeros((step.num_reqs, k, backbone.shape[-1]), device=device)
             sampled_from[drafting] = probs
@@ -138,26 +138,31 @@ class DSparkSpeculator(DFlashSpeculator):
         anchors: Int[Tensor, " m"],
         params: list[SamplingParams],
         width: int,
-    ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"], Float[Tensor, "m k"]]:
+    ) -> tuple[Int[Tensor, "m k"], Int[Tensor, "m k"], Float[Tensor, "m k vocab"] | None, Float[Tensor, "m k"]]:
         """Drafts left to right from the Markov-corrected distribution; returns drafts, x_{k-1}, proposals, confidences.
 
         Only the first ``width`` slots are drawn (all K under a fixed K). Past them a slot
         has no draft (``REJECTED_TOKEN_ID``), no proposal (zeros) and confidence 0,
         so survival is 0 there and no capacity reaches them; the chain's previous
-        token stays the last draft, as it would be.
+        token stays the last draft, as it would be. Greedy drafts are argmaxes: their
+        one-hot proposals are never handed over, so none is kept (None).
         """
         m, k, vocab = backbone.shape
         width = min(width, k)
         drawn = torch.full((m, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=backbone.device)
-        fill = torch.empty if width == k else torch.zeros  # a (m, k, vocab) memset only where slots stay empty
-        probs = fill((m, k, vocab), dtype=torch.float32, device=backbone.device)
+        probs = None
+        if not argmax_proposal(params):
+            fill = torch.empty if width == k else torch.zeros  # a (m, k, vocab) memset only where slots stay empty
+            probs = fill((m, k, vocab), dtype=torch.float32, device=backbone.device)
         conf = torch.zeros((m, k), dtype=torch.float32, device=backbone.device)
         prev = self._markov_start(anchors)
         prevs = prev[:, None].repeat(1, k)  # slot j's previous token; each draw becomes it for every later slot
         for j in range(width):
             conf[:, j] = self.heads.confidence(hidden[:, j], prev).float()
             x, p = self._markov_step(backbone[:, j], prev, params)
-            drawn[:, j], probs[:, j] = x, p
+            drawn[:, j] = x
+            if probs is not None and p is not None:
+                probs[:, j] = p
             prevs[:, j + 1 :] = x[:, None]
             prev = x
         return drawn, prevs, probs, conf
@@ -184,7 +189,7 @@ class DSparkSpeculator(DFlashSpeculator):
 
     def _markov_step(
         self, backbone: Float[Tensor, "m vocab"], prev: Int[Tensor, " m"], params: list[SamplingParams]
-    ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"]]:
+    ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"] | None]:
         """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that."""
         logits = backbone.float() + self.heads.markov_bias(prev).float()
         return draw_drafts(logits, params, self.generator)
