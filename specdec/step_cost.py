@@ -5,13 +5,21 @@ verify rows and the proposal cost, and both depend on the machine, the
 model, the backend and the batch. So the engine measures instead of
 assuming: every decode step's wall time is one sample of
 
-    seconds = base + per_row * rows + per_proposal * [drafts proposed] + per_draft * max_draft
+    seconds = base + per_row * rows + sum(extra * max(0, rows - knee) for knee, extra in bends)
+              + per_proposal * [drafts proposed] + per_draft * max_draft
 
 where ``rows`` is the target forward's token count (requests plus the drafts
 they verify), ``max_draft`` the longest draft the step's proposal made (a
 sequential drafter pays per draft position; a block drafter mostly pays
-``per_proposal`` once). The fit is least squares over a sliding window, with
-every coefficient but ``base`` kept non-negative, refitted as samples arrive.
+``per_proposal`` once). The cost of rows is piecewise linear and convex: a
+forward over a few rows is bound by reading the weights, so each row adds
+little; past some row count it is bound by arithmetic, and each row costs
+more. Where that knee lies depends on the machine, so the fit places a
+candidate bend at each of a few measured row counts (``bend_candidates``)
+and lets the data decide how much each one steepens the cost; with none
+that pays, the model is a straight line. The fit is least squares over a
+sliding window, with every coefficient but ``base`` kept non-negative,
+refitted as samples arrive.
 Steps that prefill are left out: their attention over long prompts is not
 what a decode step's draft length changes. So are, at each refit, steps far
 off the first fit (``OUTLIER_SPREADS``): a kernel compiled on a shape's first
@@ -27,6 +35,10 @@ import torch
 
 FEATURES = ("base", "per_row", "per_proposal", "per_draft")
 OUTLIER_SPREADS = 4.0
+MAX_BENDS = 6
+"""Candidate bends of the row cost at most: enough for the shape of a forward's cost, few enough to stay pinned."""
+BEND_SPACING = 1.25
+"""Consecutive candidate bends lie at least this factor apart in rows."""
 """A step whose time lies further than this many median absolute residuals from the fit is left out of the refit."""
 
 
@@ -36,11 +48,19 @@ class StepCost:
 
     base: float
     per_row: float
+    """Seconds per row up to the first bend."""
     per_proposal: float
     per_draft: float
+    bends: tuple[tuple[int, float], ...] = ()
+    """``(knee, extra)``: past ``knee`` rows each row costs ``extra`` seconds more (``extra >= 0``, knees increasing)."""
+
+    def row_seconds(self, rows: int) -> float:
+        return self.per_row * rows + sum(extra * max(0, rows - knee) for knee, extra in self.bends)
 
     def seconds(self, rows: int, max_draft: int) -> float:
-        return self.base + self.per_row * rows + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
+        return (
+            self.base + self.row_seconds(rows) + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
+        )
 
 
 @dataclass(frozen=True)
@@ -91,12 +111,18 @@ class StepCostModel:
         self._since_fit = 0
         if not self.identifiable:
             return self.fitted
+        knees = bend_candidates([s.rows for s in self.samples])
         x = torch.tensor(
-            [[1.0, s.rows, 1.0 if s.max_draft else 0.0, s.max_draft] for s in self.samples], dtype=torch.float64
+            [
+                [1.0, s.rows, 1.0 if s.max_draft else 0.0, s.max_draft, *(max(0, s.rows - k) for k in knees)]
+                for s in self.samples
+            ],
+            dtype=torch.float64,
         )
         y = torch.tensor([s.seconds for s in self.samples], dtype=torch.float64)
         # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
         features = [0, 1, 2, 3] if len({s.max_draft for s in self.samples}) >= 3 else [0, 1, 2]
+        features += [len(FEATURES) + i for i in range(len(knees))]
         x = x[:, features]
         solution = _nonnegative_lstsq(x, y)
         # One slow step must not set the cost for the next 256: the first step of a new row count pays one-time
@@ -106,11 +132,29 @@ class StepCostModel:
         kept = residual.abs() <= OUTLIER_SPREADS * spread
         if not bool(kept.all()) and int(kept.sum()) >= len(features):
             solution = _nonnegative_lstsq(x[kept], y[kept])
-        coef = [0.0] * len(FEATURES)
+        coef = [0.0] * (len(FEATURES) + len(knees))
         for i, c in zip(features, solution, strict=True):
             coef[i] = c
-        self.fitted = StepCost(*coef)
+        bends = tuple((k, c) for k, c in zip(knees, coef[len(FEATURES) :], strict=True) if c > 0.0)
+        base, per_row, per_proposal, per_draft = coef[: len(FEATURES)]
+        self.fitted = StepCost(base, per_row, per_proposal, per_draft, bends=bends)
         return self.fitted
+
+
+def bend_candidates(rows: list[int]) -> list[int]:
+    """Row counts where the row cost may bend: measured ones strictly inside the measured range, spaced out.
+
+    A bend needs samples on both sides to be priced, so neither end of the
+    range is one; past the largest measured row count the last slope goes on.
+    """
+    measured = sorted(set(rows))
+    knees: list[int] = []
+    last = measured[0]
+    for r in measured[1:-1]:
+        if r >= BEND_SPACING * last and len(knees) < MAX_BENDS:
+            knees.append(r)
+            last = r
+    return knees
 
 
 def _nonnegative_lstsq(x: torch.Tensor, y: torch.Tensor) -> list[float]:

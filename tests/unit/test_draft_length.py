@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec import step_cost
 from specdec.draft_length import CALIBRATION, AcceptanceRates, DraftLengthPolicy, best_draft_lengths
-from specdec.step_cost import StepCost, StepCostModel
+from specdec.step_cost import StepCost, StepCostModel, bend_candidates
 
 TRUE = StepCost(base=0.020, per_row=0.0015, per_proposal=0.004, per_draft=0.002)
 
@@ -61,6 +62,45 @@ def test_cost_fit_never_prices_a_draft_below_zero() -> None:
         model.observe(rows, draft, t)
     fit = model.fitted
     assert fit is not None and min(fit.per_row, fit.per_proposal, fit.per_draft) >= 0.0
+
+
+STEEPENING = StepCost(base=0.020, per_row=0.0002, per_proposal=0.003, per_draft=0.001, bends=((16, 0.0012),))
+"""A forward bound by weight reads up to 16 rows and by arithmetic past them (the shape a CPU shows at batch 8)."""
+
+
+def _fit_steepening(seed: int) -> StepCost:
+    model, rng = StepCostModel(), random.Random(seed)
+    for _ in range(256):
+        rows, draft = rng.randint(8, 40), rng.randint(0, 4)
+        model.observe(rows, draft, STEEPENING.seconds(rows, draft) * rng.uniform(0.97, 1.03))
+    assert model.fitted is not None
+    return model.fitted
+
+
+def test_cost_fit_follows_a_row_cost_that_steepens() -> None:
+    fit = _fit_steepening(2)
+    for rows in range(8, 41):
+        assert fit.seconds(rows, 2) == pytest.approx(STEEPENING.seconds(rows, 2), rel=0.03), rows
+    # What a batch of 8 chooses by the fit is what it would choose by the true cost.
+    gains = {f"r{i}": [0.6, 0.36, 0.22, 0.13] for i in range(8)}
+    by_fit = best_draft_lengths(gains, fit, base_rows=8, num_sampling=8)
+    assert by_fit == best_draft_lengths(gains, STEEPENING, base_rows=8, num_sampling=8)
+
+
+def test_a_straight_line_misprices_the_rows_that_steepen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the fit bends: a line through the same steps is off by more than the tolerance above."""
+    monkeypatch.setattr(step_cost, "MAX_BENDS", 0)
+    line = _fit_steepening(2)
+    assert not line.bends
+    assert max(abs(line.seconds(r, 2) / STEEPENING.seconds(r, 2) - 1.0) for r in range(8, 41)) > 0.05
+
+
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=60))
+def test_bends_sit_at_measured_row_counts_inside_the_range_spaced_apart(rows: list[int]) -> None:
+    knees = bend_candidates(rows)
+    assert len(knees) <= step_cost.MAX_BENDS
+    assert all(k in rows and min(rows) < k < max(rows) for k in knees)
+    assert all(b >= step_cost.BEND_SPACING * a for a, b in zip([min(rows), *knees], knees, strict=False))
 
 
 @pytest.mark.parametrize("bad", [(0, 0, 0.01), (1, -1, 0.01), (1, 0, 0.0), (1, 0, float("nan"))])
@@ -119,7 +159,8 @@ def batches(draw: st.DrawFn) -> tuple[dict[str, list[float]], StepCost]:
             g.append(survive)
         gains[f"r{r}"] = g
     unit = st.floats(0.0, 0.01)
-    cost = StepCost(draw(st.floats(0.001, 0.05)), draw(unit), draw(unit), draw(unit))
+    bends = tuple(sorted(draw(st.dictionaries(st.integers(1, 12), unit, max_size=2)).items()))
+    cost = StepCost(draw(st.floats(0.001, 0.05)), draw(unit), draw(unit), draw(unit), bends=bends)
     return gains, cost
 
 
