@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec import step_cost
-from specdec.draft_length import CALIBRATION, AcceptanceRates, DraftLengthPolicy, best_draft_lengths
+from specdec.draft_length import (
+    CALIBRATION,
+    DRAFT_MARGIN,
+    AcceptanceRates,
+    DraftLengthPolicy,
+    best_draft_lengths,
+)
 from specdec.step_cost import StepCost, StepCostModel, bend_candidates
 
 TRUE = StepCost(base=0.020, per_row=0.0015, per_proposal=0.004, per_draft=0.002)
@@ -141,6 +147,23 @@ def test_the_policy_drafts_only_for_the_requests_that_pay() -> None:
     cheap = StepCost(base=0.02, per_row=0.001, per_proposal=0.0, per_draft=0.0)
     lengths = best_draft_lengths({"good": [0.9, 0.8], "bad": [0.01, 0.0]}, cheap, base_rows=2, num_sampling=2)
     assert lengths == {"good": 2, "bad": 0}
+
+
+def test_drafting_must_beat_plain_decoding_by_the_margin() -> None:
+    """A predicted gain inside the cost model's error is no reason to draft (``DRAFT_MARGIN``)."""
+    cost = StepCost(base=0.02, per_row=0.001, per_proposal=0.0, per_draft=0.0)
+    # One draft: (1 + g) tokens in 22 ms against 1 in 21 ms; g = 0.08 predicts +3%, g = 0.16 predicts +11%.
+    assert best_draft_lengths({"a": [0.08]}, cost, base_rows=1, num_sampling=1) == {"a": 1}
+    assert best_draft_lengths({"a": [0.08]}, cost, base_rows=1, num_sampling=1, margin=0.05) == {"a": 0}
+    assert best_draft_lengths({"a": [0.16]}, cost, base_rows=1, num_sampling=1, margin=0.05) == {"a": 1}
+    policy = DraftLengthPolicy(1, cost=cost)
+    assert policy.margin == DRAFT_MARGIN > 0.0
+    for i in range(200):
+        policy.record_verification("a", 1, 1 if i % 12 == 0 else 0)
+    assert 0.05 < policy.acceptance.gains("a")[0] < 0.12  # predicts a gain of 0-7%: under the margin
+    assert policy.choose(["a"], base_rows=1) == {"a": 0}
+    with pytest.raises(ValueError, match="margin"):
+        DraftLengthPolicy(1, margin=-0.1)
 
 
 def _rate(lengths: dict[str, int], gains: dict[str, list[float]], cost: StepCost, n: int) -> float:
