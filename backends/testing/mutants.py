@@ -122,9 +122,9 @@ def _first_draft_row_in_padded_layout(real: Any) -> Any:
 def _drawn_before_transform(real: Any) -> Any:
     """Drafts sampled from the raw softmax while the temperature/top-k/top-p proposal is reported."""
 
-    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
         drawn, q = real(self, logits, params)
-        if not params or self.argmax_drafts:
+        if not params or q is None:  # argmax drafts: no proposal is handed over
             return drawn, q
         return sample(logits.float().softmax(-1), self.generator), q
 
@@ -139,9 +139,9 @@ def _top_k_not_renormalised(real: Any) -> Any:
     nothing; the verifier divides by a q that is too small and accepts too often.
     """
 
-    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
         drawn, q = real(self, logits, params)
-        if not params or self.argmax_drafts:
+        if not params or q is None:  # argmax drafts: no proposal is handed over
             return drawn, q
         untruncated = [p if p.greedy else SamplingParams(temperature=p.temperature) for p in params]
         return drawn, torch.where(q > 0, probabilities(logits, untruncated), 0.0)
@@ -526,7 +526,7 @@ def _draw_ignores_temperature(real: Any) -> Any:
     the output stays lossless; only the definition of the proposal (VER-9) shows it.
     """
 
-    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor]:
+    def draw(self: Any, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
         at_one = [p if p.greedy else p.model_copy(update={"temperature": 1.0}) for p in params]
         return real(self, logits, at_one)
 
