@@ -15,6 +15,7 @@ from specdec.draft_length import (
     DRAFT_MARGIN,
     AcceptanceRates,
     DraftLengthPolicy,
+    ForecastCalibration,
     best_draft_lengths,
 )
 from specdec.step_cost import StepCost, StepCostModel, bend_candidates
@@ -252,3 +253,55 @@ def test_probes_back_off_until_drafting_pays_again() -> None:
     policy.forget("a")
     with pytest.raises(ValueError, match="probe_backoff"):
         DraftLengthPolicy(4, probe_backoff=0)
+
+
+def test_forecasts_that_keep_missing_are_discounted_until_drafting_stops() -> None:
+    """A pool built on other requests says 0.8; these requests accept nothing. The misses, not the pool, stop it."""
+    cost = StepCost(base=0.02, per_row=0.002, per_proposal=0.0, per_draft=0.0)  # one draft pays from a gain of 0.16
+    policy = DraftLengthPolicy(1, cost=cost)
+    policy.acceptance = AcceptanceRates(1, pool_decay=1.0)
+    for i in range(5000):
+        policy.acceptance.record(f"old{i % 50}", 1, 1 if i % 5 else 0)
+    chosen = []
+    for i in range(80):
+        rid = f"new{i}"  # each new: its own counts never get a say, only the pool's 0.8
+        length = policy.choose([rid], base_rows=1)[rid]
+        chosen.append(length)
+        if length:
+            policy.record_verification(rid, length, 0)
+        policy.forget(rid)
+    assert policy.acceptance.gains("new-next")[0] == pytest.approx(0.8, abs=0.01)  # the pool still forecasts 0.8
+    assert chosen[0] == 1 and chosen[-1] == 0
+    stop = chosen.index(0)
+    # One draft needs 0.8 x factor > 0.146 (5% margin), so a factor of (0 + 8) / (0.8 n + 8) below 0.18:
+    # n = 46 misses without the discount of older ones, a few more with it.
+    assert 46 <= stop <= 56 and not any(chosen[stop:])
+    discounted = policy.forecast.apply(policy.acceptance.gains("new-next"))[0]
+    assert discounted < 1.05 * 0.024 / 0.022 - 1 < policy.acceptance.gains("new-next")[0]  # what one draft must gain
+
+
+def test_a_forecast_that_holds_is_left_alone() -> None:
+    """Drafts accepted exactly as the acceptance model says (K = 3, rates 0.8 / 0.6 / 0.4): the factor stays ~1."""
+    policy, rng = DraftLengthPolicy(3, cost=TRUE), random.Random(7)
+    for step in range(3000):
+        rid = f"r{step // 40}"  # requests of 40 steps each
+        length = policy.choose([rid], base_rows=1)[rid]
+        accepted = 0
+        for rate in (0.8, 0.6, 0.4)[:length]:
+            if rng.random() >= rate:
+                break
+            accepted += 1
+        if length:
+            policy.record_verification(rid, length, accepted)
+        if step % 40 == 39:
+            policy.forget(rid)
+    assert 0.93 < policy.forecast.factor < 1.07  # ~200 recent expected drafts: a standard error of ~4%
+
+
+def test_calibrated_gains_stay_chances() -> None:
+    calibration = ForecastCalibration(prior=1.0)
+    calibration.record(expected=1.0, realized=3)
+    assert calibration.factor == pytest.approx(2.0)
+    assert calibration.apply([0.9, 0.4, 0.1]) == pytest.approx([1.0, 0.8, 0.2])  # capped at 1, still non-increasing
+    with pytest.raises(ValueError, match="forecast outcome"):
+        calibration.record(expected=-1.0, realized=0)
