@@ -20,6 +20,16 @@ lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
 too low can recover.
 
+What a step's tokens are worth depends on whether anyone waits for a slot. With
+requests waiting, a request that finishes early frees its slot for the next,
+so every token counts, and the policy maximises the batch's tokens per second.
+With none waiting the batch only drains: the step count is set by the request
+that finishes last, and tokens won for the others only make the batch smaller
+sooner (a DSpark run at batch 8 drafted on 16 of 126 steps, got 71 drafts
+accepted, and still took the 126 steps of plain decoding). Then the policy
+maximises the expected progress of the slowest of the requests with the most
+tokens left (``best_drain_lengths``): they all draft, or none does.
+
 The choice depends only on past outcomes and timings, never on the drafts it
 limits, so verification stays lossless. It does depend on wall-clock timings,
 so seeded sampling under this policy is exact in distribution but not
@@ -28,7 +38,8 @@ reproducible token for token; ``fixed`` draft length is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specdec.step_cost import StepCost, StepCostModel
@@ -41,6 +52,19 @@ The step-cost fit's predictions are off by ~5% at a typical row count and by up 
 against measured medians). At break-even such an error turns into a systematic
 slowdown: a bench run drafted at batch 8, where it predicted a small gain, and ran at
 0.88-0.91x. Where drafting pays clearly (batch 1 on code), the margin changes nothing."""
+BASELINE_EVERY = 32
+"""Measured steps without one that drafted nothing, after which a close call re-measures plain decoding's step."""
+BASELINE_WITHIN = 0.2
+"""A close call: the best drafts predicted to beat plain decoding by less than this share.
+
+Once a policy drafts on every step, the step cost it compares against, plain
+decoding's, is no longer measured, only extrapolated by the fit, and an
+overestimate there keeps it drafting. A DFlash run at batch 8 on the benchmark
+CPU fitted 41 ms for a plain step that took 33-35 ms and drafted on 82 of 87
+steps at 0.94x. So when the choice is close, the policy drafts nothing for two
+decisions (the second step is then a plain step: no drafts to verify, none
+proposed), which costs at most 2 steps in 32 of a small gain. Where drafting
+pays clearly, no baseline is taken."""
 CALIBRATION = (1.0, 0.0, 0.5, 1.0, 0.25, 0.0, 0.75, 1.0)
 """Draft lengths of the first steps, as shares of K (rounded up): varied so the cost model can be fitted."""
 
@@ -187,6 +211,66 @@ def best_draft_lengths(
     return best
 
 
+def best_drain_lengths(
+    gains: Mapping[str, Sequence[float]],
+    cost: StepCost,
+    *,
+    base_rows: int,
+    critical: Collection[str],
+    margin: float = 0.0,
+) -> dict[str, int]:
+    """Per-request draft lengths maximising the slowest critical request's expected progress per second.
+
+    A draining batch finishes when its last request does, so a step is worth
+    ``1 + min over critical r of (gains[r][0] + ... + gains[r][L_r - 1])`` tokens
+    of progress (1 without drafts); requests outside ``critical`` draft nothing.
+    For a progress level, the cheapest lengths reaching it are each critical
+    request's shortest prefix whose gains add up to it, so trying every level
+    some prefix attains finds the best; ties go to fewer drafts. Drafting must
+    beat no drafting by the share ``margin``.
+    """
+    best: dict[str, int] = dict.fromkeys(gains, 0)
+    best_rate = 1.0 / cost.seconds(base_rows, 0) * (1.0 + margin)
+    reach = {rid: list(itertools.accumulate(g)) for rid, g in gains.items() if rid in critical}
+    if not reach or not all(reach.values()):
+        return best  # a critical request that cannot draft holds the batch back: no draft pays
+    for level in sorted({c for cum in reach.values() for c in cum}):
+        lengths = dict.fromkeys(gains, 0)
+        for rid, cum in reach.items():
+            shortest = next((j for j, c in enumerate(cum) if c >= level), None)
+            if shortest is None:
+                break
+            lengths[rid] = shortest + 1
+        else:
+            progress = 1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())
+            rate = progress / cost.seconds(base_rows + sum(lengths.values()), max(lengths.values()))
+            if rate > best_rate * (1.0 + 1e-9):
+                best_rate, best = rate, lengths
+    return best
+
+
+def predicted_gain(
+    lengths: Mapping[str, int],
+    gains: Mapping[str, Sequence[float]],
+    cost: StepCost,
+    *,
+    base_rows: int,
+    critical: Collection[str] | None = None,
+) -> float:
+    """Predicted rate of these lengths over drafting nothing, minus 1: tokens per second, or with ``critical``
+    the slowest critical request's progress per second (as ``best_draft_lengths`` and ``best_drain_lengths``)."""
+
+    def worth(n: Mapping[str, int]) -> float:
+        gained = {rid: sum(g[: n.get(rid, 0)]) for rid, g in gains.items()}
+        if critical is None:
+            return float(len(gains) + sum(gained.values()))
+        return 1.0 + min((gained[rid] for rid in critical if rid in gained), default=0.0)
+
+    rows = base_rows + sum(lengths.values())
+    drafted = worth(lengths) / cost.seconds(rows, max(lengths.values(), default=0))
+    return drafted / (worth({}) / cost.seconds(base_rows, 0)) - 1.0
+
+
 class DraftLengthPolicy:
     """The engine's per-step choice of each request's draft length (``adaptive``), and what it learns from."""
 
@@ -233,9 +317,27 @@ class DraftLengthPolicy:
         """Decisions at 0 drafts before a request's next probe: ``probe_every``, doubled per rejected probe."""
         self._probing: set[str] = set()
         """Requests whose last decision was a probe, until its verification is recorded."""
+        self._baseline_left = 0
+        """Decisions still to draft nothing so that plain decoding's step is measured again (``BASELINE_EVERY``)."""
 
-    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
-        """Draft lengths for the requests that may draft next step (each in 0..K)."""
+    def choose(
+        self,
+        req_ids: Sequence[str],
+        *,
+        base_rows: int,
+        remaining: Mapping[str, int] | None = None,
+        draining: bool = False,
+    ) -> dict[str, int]:
+        """Draft lengths for the requests that may draft next step (each in 0..K).
+
+        ``remaining``: the tokens each request may still emit (max_tokens, model
+        length); a step emits at most one more than it drafts, so drafts past that
+        are worth nothing. ``draining``: no request waits for a slot, so the
+        batch's progress is that of its slowest request among those with the most
+        tokens left (within K of the most); it needs ``remaining``.
+        """
+        if draining and remaining is None:
+            raise ValueError("a draining batch's critical requests are those with the most tokens left: pass remaining")
         k = self.num_spec_tokens
         self.decisions += 1
         cost = self.known_cost or self.cost.fitted
@@ -243,9 +345,27 @@ class DraftLengthPolicy:
             share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
             length = min(k, int(-(-share * k // 1)))
             return dict.fromkeys(req_ids, length)
+        if self._baseline_left:
+            self._baseline_left -= 1
+            return dict.fromkeys(req_ids, 0)  # not an idle spell of any request: no probe waits move
         raw = {rid: self.acceptance.gains(rid) for rid in req_ids}
+        if remaining is not None:
+            raw = {rid: g[: max(0, remaining[rid] - 1)] for rid, g in raw.items()}
         gains = {rid: self.forecast.apply(g) for rid, g in raw.items()}
-        lengths = best_draft_lengths(gains, cost, base_rows=base_rows, num_sampling=len(req_ids), margin=self.margin)
+        critical: set[str] | None = None
+        if draining and remaining is not None and req_ids:
+            most = max(remaining[rid] for rid in req_ids)
+            critical = {rid for rid in req_ids if remaining[rid] > most - k}
+            lengths = best_drain_lengths(gains, cost, base_rows=base_rows, critical=critical, margin=self.margin)
+        else:
+            lengths = best_draft_lengths(
+                gains, cost, base_rows=base_rows, num_sampling=len(req_ids), margin=self.margin
+            )
+        if self._baseline_is_stale() and any(lengths.values()):
+            gain = predicted_gain(lengths, gains, cost, base_rows=base_rows, critical=critical)
+            if gain < BASELINE_WITHIN:
+                self._baseline_left = 1
+                return dict.fromkeys(req_ids, 0)
         for rid in req_ids:
             if lengths[rid]:
                 self._idle[rid] = 0
@@ -259,6 +379,13 @@ class DraftLengthPolicy:
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
         return lengths
+
+    def _baseline_is_stale(self) -> bool:
+        """Measuring, and none of the last ``BASELINE_EVERY`` measured steps drafted nothing."""
+        if self.known_cost is not None or len(self.cost.samples) < BASELINE_EVERY:
+            return False
+        recent = itertools.islice(reversed(self.cost.samples), BASELINE_EVERY)
+        return all(sample.max_draft for sample in recent)
 
     def record_verification(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
         self.acceptance.record(req_id, num_drafts, num_accepted)

@@ -393,8 +393,15 @@ class Engine:
         if self.draft_policy is None:
             out.max_drafts = [k if d else 0 for d in out.drafting]
             return
-        ids = [it.request.req_id for it, d in zip(batch.items, out.drafting, strict=True) if d]
-        lengths = self.draft_policy.choose(ids, base_rows=len(ids)) if ids else {}
+        drafters = [it.request for it, d in zip(batch.items, out.drafting, strict=True) if d]
+        limit = self.config.scheduler.max_model_len
+        remaining = {r.req_id: min(r.max_tokens - len(r.output), limit - r.num_tokens) for r in drafters}
+        ids = list(remaining)
+        # With nobody waiting for a slot the batch only drains: its last request sets the step count.
+        draining = not self.scheduler.waiting
+        lengths = (
+            self.draft_policy.choose(ids, base_rows=len(ids), remaining=remaining, draining=draining) if ids else {}
+        )
         out.max_drafts = [
             lengths.get(it.request.req_id, 0) if d else 0 for it, d in zip(batch.items, out.drafting, strict=True)
         ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 import pytest
 from tests_support import perturbed_copy
@@ -52,7 +53,9 @@ def test_a_drafter_the_target_agrees_with_drafts_k_every_step(target: Transforme
     policy = DraftLengthPolicy(4, cost=DRAFTS_PAY)
     outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=policy))
     assert outputs == plain(target)
-    assert sum(drafted) > 3.5 * steps  # the pooled prior (0.5) already pays at this cost: K from the first decode
+    # 40 tokens each, every draft accepted: the prior's gains (0.5, 0.25, ...) pay for 2 drafts, then 3 once the
+    # first are accepted, then K until two tokens are left, when 1 draft is all the last step can use.
+    assert drafted == [2 + 3 + 4 * 6 + 1] * 3 and steps == 3 * 9
 
 
 def test_drafts_that_never_pay_make_it_plain_decoding_but_for_probes(target: Transformer) -> None:
@@ -74,7 +77,7 @@ def test_the_measured_policy_is_lossless_greedy_and_varies_its_lengths(target: T
 class OneDraft(DraftLengthPolicy):
     """A policy that always allows one draft: what the engine then verifies is the test's subject."""
 
-    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: object) -> dict[str, int]:
         return dict.fromkeys(req_ids, 1)
 
 
@@ -114,7 +117,7 @@ def test_a_policy_for_another_k_or_a_fixed_engine_is_refused(target: Transformer
 class NeverDraft(DraftLengthPolicy):
     """A policy that never drafts (no probes either): every step is plain decoding through a drafter's engine."""
 
-    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: object) -> dict[str, int]:
         return dict.fromkeys(req_ids, 0)
 
 
@@ -131,3 +134,29 @@ def test_steps_that_draft_nothing_sample_exactly_as_plain_decoding(target: Trans
     spec = Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=NeverDraft(4))
     assert sampled(spec) == sampled(Engine(target, CONFIG))
     assert spec.metrics.snapshot().counts()["drafted"] == 0
+
+
+def test_the_engine_tells_the_policy_what_each_request_has_left_and_whether_anyone_waits(target: Transformer) -> None:
+    """One slot, three requests: the first two decode with others waiting, the last drains the engine."""
+    seen: list[tuple[dict[str, int], bool, dict[str, int]]] = []
+
+    class Spy(DraftLengthPolicy):
+        def choose(
+            self,
+            req_ids: Sequence[str],
+            *,
+            base_rows: int,
+            remaining: Mapping[str, int] | None = None,
+            draining: bool = False,
+        ) -> dict[str, int]:
+            assert remaining is not None
+            seen.append((dict(remaining), draining, {r: len(engine.requests[r].output) for r in req_ids}))
+            return super().choose(req_ids, base_rows=base_rows, remaining=remaining, draining=draining)
+
+    one_slot = dataclasses.replace(ADAPTIVE, scheduler=SchedulerConfig(max_model_len=96, max_num_seqs=1))
+    engine = Engine(target, one_slot, speculator=self_drafter(target), draft_policy=Spy(4, cost=DRAFTS_PAY))
+    outputs = run(engine, max_tokens=12)[0]
+    assert outputs == [o[:12] for o in plain(target)]
+    assert all(left == {r: 12 - n for r, n in out.items()} for left, _, out in seen)
+    by_request = [[d for left, d, _ in seen if f"q{i}" in left] for i in range(3)]
+    assert not any(by_request[0] + by_request[1]) and all(by_request[2])  # only the last has nobody behind it

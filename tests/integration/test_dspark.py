@@ -103,7 +103,7 @@ def test_capacities_trim_the_verified_drafts_and_satisfy_blk_8(capacity: str) ->
 class OneOrTwo(DraftLengthPolicy):
     """Draft budgets of 1 and 2, by request: a DSpark step then has two slots to draw, not K."""
 
-    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: object) -> dict[str, int]:
         return {r: 1 + i % 2 for i, r in enumerate(req_ids)}
 
 

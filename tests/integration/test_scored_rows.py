@@ -35,7 +35,7 @@ class EveryThirdDecision(DraftLengthPolicy):
 
     calls = 0
 
-    def choose(self, req_ids: Sequence[str], *, base_rows: int) -> dict[str, int]:
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: object) -> dict[str, int]:
         self.calls += 1
         turn = self.calls % 3
         return {r: 0 if turn == 0 or (turn == 1 and i % 2) else 2 for i, r in enumerate(req_ids)}

@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 
 from specdec import step_cost
 from specdec.draft_length import (
+    BASELINE_EVERY,
     CALIBRATION,
     DRAFT_MARGIN,
     AcceptanceRates,
     DraftLengthPolicy,
     ForecastCalibration,
     best_draft_lengths,
+    best_drain_lengths,
+    predicted_gain,
 )
 from specdec.step_cost import StepCost, StepCostModel, bend_candidates
 
@@ -305,3 +308,81 @@ def test_calibrated_gains_stay_chances() -> None:
     assert calibration.apply([0.9, 0.4, 0.1]) == pytest.approx([1.0, 0.8, 0.2])  # capped at 1, still non-increasing
     with pytest.raises(ValueError, match="forecast outcome"):
         calibration.record(expected=-1.0, realized=0)
+
+
+def _drain_rate(lengths: dict[str, int], gains: dict[str, list[float]], critical: set[str], cost: StepCost) -> float:
+    progress = 1.0 + min(sum(gains[r][: lengths[r]]) for r in critical)
+    return progress / cost.seconds(len(gains) + sum(lengths.values()), max(lengths.values(), default=0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches(), st.data())
+def test_the_drain_lengths_are_the_best_of_every_combination(
+    case: tuple[dict[str, list[float]], StepCost], data: st.DataObject
+) -> None:
+    gains, cost = case
+    critical = data.draw(st.sets(st.sampled_from(sorted(gains)), min_size=1))
+    chosen = best_drain_lengths(gains, cost, base_rows=len(gains), critical=critical)
+    assert all(chosen[r] == 0 for r in gains if r not in critical)  # drafts outside the critical set buy nothing
+    k = len(next(iter(gains.values())))
+    best = max(
+        _drain_rate(dict(zip(gains, combo, strict=True)), gains, critical, cost)
+        for combo in itertools.product(range(k + 1), repeat=len(gains))
+    )
+    assert _drain_rate(chosen, gains, critical, cost) == pytest.approx(best, rel=1e-8)
+
+
+def test_a_draining_batch_drafts_for_all_its_critical_requests_or_none() -> None:
+    """Three requests accept most drafts and one almost none: in a draining batch that one sets the step count."""
+    policy = DraftLengthPolicy(2, cost=StepCost(base=0.02, per_row=0.001, per_proposal=0.0, per_draft=0.0))
+    policy.acceptance = AcceptanceRates(2, pool_decay=1.0, request_weight=0.01)
+    for _ in range(200):
+        for rid in ("a", "b", "c"):
+            policy.acceptance.record(rid, 2, 2)
+        policy.acceptance.record("slow", 2, 0)
+    ids, full = ["a", "b", "c", "slow"], dict.fromkeys(["a", "b", "c", "slow"], 40)
+    assert policy.choose(ids, base_rows=4) == {"a": 2, "b": 2, "c": 2, "slow": 0}  # waiting requests: tokens count
+    assert policy.choose(ids, base_rows=4, remaining=full, draining=True) == dict.fromkeys(ids, 0)
+    # With far fewer tokens left than the others, "slow" finishes first whatever it drafts: they set the pace.
+    ahead = {**full, "slow": 10}
+    assert policy.choose(ids, base_rows=4, remaining=ahead, draining=True) == {"a": 2, "b": 2, "c": 2, "slow": 0}
+    # One token left: the step emits it whatever is drafted, so "a" drafts nothing even with requests waiting.
+    assert policy.choose(ids, base_rows=4, remaining={**full, "a": 1})["a"] == 0
+    with pytest.raises(ValueError, match="remaining"):
+        policy.choose(ids, base_rows=4, draining=True)
+
+
+def _measured_lengths(first_accept_every: int, decisions: int) -> list[int]:
+    """A measuring policy's choices, each step's time fed back as the engine does (rows: last choice + 1)."""
+    cost = StepCost(base=0.02, per_row=0.002, per_proposal=0.002, per_draft=0.0)
+    policy = DraftLengthPolicy(1, probe_every=10_000)
+    policy.acceptance = AcceptanceRates(1, pool_decay=1.0)
+    for i in range(400):
+        policy.acceptance.record("a", 1, 1 if i % first_accept_every == 0 else 0)
+    lengths, last = [], 0
+    for _ in range(decisions):
+        length = policy.choose(["a"], base_rows=1)["a"]
+        policy.cost.observe(1 + last, length, cost.seconds(1 + last, length))
+        lengths.append(length)
+        last = length
+    return lengths[len(CALIBRATION) :]
+
+
+def test_a_close_call_measures_plain_decoding_again_and_a_clear_one_does_not() -> None:
+    # First drafts accepted 1 in 4: one draft predicted ~6% faster than none, a close call.
+    close = _measured_lengths(4, 200)
+    zeros = [i for i, n in enumerate(close) if n == 0]
+    runs = [zeros[i : i + 2] for i in range(0, len(zeros), 2)]
+    assert len(runs) >= 4 and all(b == a + 1 for a, b in runs)  # two decisions at 0 drafts each time
+    assert all(nxt[0] - run[1] > BASELINE_EVERY for run, nxt in itertools.pairwise(runs))  # only when stale
+    # Every first draft accepted: one draft predicted ~70% faster; plain decoding is never re-measured.
+    assert all(_measured_lengths(1, 200))
+
+
+def test_the_predicted_gain_is_the_rate_the_choice_maximised() -> None:
+    cost = StepCost(base=0.02, per_row=0.001, per_proposal=0.0, per_draft=0.0)
+    gains = {"a": [0.5], "b": [0.1]}
+    # Tokens: (2 + 0.5) in 23 ms against 2 in 22 ms. Drain, "b" critical alone: (1 + 0.1) / 24 ms against 1 / 22.
+    assert predicted_gain({"a": 1}, gains, cost, base_rows=2) == pytest.approx(2.5 / 0.023 / (2 / 0.022) - 1)
+    drain = predicted_gain({"a": 1, "b": 1}, gains, cost, base_rows=2, critical={"b"})
+    assert drain == pytest.approx(1.1 / 0.024 / (1 / 0.022) - 1)
