@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from tests_support import perturbed_copy
@@ -141,17 +142,10 @@ def test_the_engine_tells_the_policy_what_each_request_has_left_and_whether_anyo
     seen: list[tuple[dict[str, int], bool, dict[str, int]]] = []
 
     class Spy(DraftLengthPolicy):
-        def choose(
-            self,
-            req_ids: Sequence[str],
-            *,
-            base_rows: int,
-            remaining: Mapping[str, int] | None = None,
-            draining: bool = False,
-        ) -> dict[str, int]:
-            assert remaining is not None
-            seen.append((dict(remaining), draining, {r: len(engine.requests[r].output) for r in req_ids}))
-            return super().choose(req_ids, base_rows=base_rows, remaining=remaining, draining=draining)
+        def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: Any) -> dict[str, int]:
+            left: Mapping[str, int] = context["remaining"]
+            seen.append((dict(left), context["draining"], {r: len(engine.requests[r].output) for r in req_ids}))
+            return super().choose(req_ids, base_rows=base_rows, **context)
 
     one_slot = dataclasses.replace(ADAPTIVE, scheduler=SchedulerConfig(max_model_len=96, max_num_seqs=1))
     engine = Engine(target, one_slot, speculator=self_drafter(target), draft_policy=Spy(4, cost=DRAFTS_PAY))
