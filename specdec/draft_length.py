@@ -146,9 +146,9 @@ class ForecastCalibration:
 
     Measured on the benchmark CPU at batch 8 (HumanEval, three backends, two runs), the
     chosen drafts were accepted 3-7% less often than forecast wherever hundreds were
-    drafted, and near break-even that is the difference between a gain and a loss. The factor is the discounted ratio of
-    accepted to expected drafts, with ``prior`` expected drafts' worth of evidence at
-    ratio 1 so that a few outcomes cannot swing it.
+    drafted, and near break-even that is the difference between a gain and a loss. The
+    factor is the discounted ratio of accepted to expected drafts, with ``prior``
+    expected drafts' worth of evidence at ratio 1 so that a few outcomes cannot swing it.
     """
 
     decay: float = 0.995

@@ -35,11 +35,11 @@ import torch
 
 FEATURES = ("base", "per_row", "per_proposal", "per_draft")
 OUTLIER_SPREADS = 4.0
+"""A step whose time lies further than this many median absolute residuals from the fit is left out of the refit."""
 MAX_BENDS = 6
 """Candidate bends of the row cost at most: enough for the shape of a forward's cost, few enough to stay pinned."""
 BEND_SPACING = 1.25
 """Consecutive candidate bends lie at least this factor apart in rows."""
-"""A step whose time lies further than this many median absolute residuals from the fit is left out of the refit."""
 
 
 @dataclass(frozen=True)
