@@ -134,18 +134,20 @@ class Proposal:
 class DraftOutput:
     """A draft forward's result: per-row hidden states (pre-norm, fed back by EAGLE) and logits.
 
-    ``logits`` has a row per model row, or, where the forward was given
-    ``scored_rows``, a row per scored row in that order.
+    Both have a row per model row, or, where the forward was given
+    ``scored_rows``, a row per scored row in that order: a network may then
+    skip its output at the other rows (EAGLE's one layer runs only its K/V
+    projections there, which later queries attend).
     """
 
-    hidden_states: Float[Tensor, "num_tokens hidden"]
+    hidden_states: Float[Tensor, "rows hidden"]
     logits: Float[Tensor, "scored vocab"]
 
 
 def rows_to_score(
     hidden: Float[Tensor, "num_tokens hidden"], scored_rows: Sequence[int] | None
 ) -> Float[Tensor, "scored hidden"]:
-    """The rows a draft network puts through its LM head: all of them, or only those the drafter samples."""
+    """The rows a draft network returns and puts through its LM head: all of them, or only those the drafter samples."""
     if scored_rows is None:
         return hidden
     return hidden[torch.tensor(scored_rows, dtype=torch.int64, device=hidden.device)]

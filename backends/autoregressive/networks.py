@@ -66,7 +66,7 @@ class EagleHead(nn.Module):
         """Pack the head's weights and cut its draft vocabulary's sub-head once, when it is bound to an engine."""
         self.fuse.prepare_packed()
         self.input_proj.prepare_packed()
-        self.layer.prepare_packed()
+        self.layer.prepare_packed(rows_path=True)
         if self.draft_vocab is not None:
             self.draft_vocab.prepare(self.target)
 
@@ -91,8 +91,24 @@ class EagleHead(nn.Module):
         if features is None:
             raise ValueError("an EAGLE head needs per-row features (fused target hidden states or its own)")
         x = self.input_proj(torch.cat([self.target.embed(input_ids), features], dim=-1))
-        h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
-        return DraftOutput(h, self.head_logits(self.norm(rows_to_score(h, scored_rows))))
+        if scored_rows is None:
+            h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
+            return DraftOutput(h, self.head_logits(self.norm(h)))
+        # One layer: nothing reads its output at rows it does not score, only their K/V (later queries attend them).
+        h = self.layer.forward_rows(x, positions, meta, kv, scored_rows, dp_group, num_tokens_across_dp)
+        return DraftOutput(h, self.head_logits(self.norm(h)))
+
+    def write_context(
+        self,
+        input_ids: Int[Tensor, " rows"],
+        positions: Int[Tensor, " rows"],
+        aux: Sequence[Float[Tensor, "rows hidden"]],
+        slot_mapping: Int[Tensor, " rows"],
+        kv: PagedKVStorage,
+    ) -> None:
+        """The layer's K/V of committed rows nobody samples (held from idle steps); no query, attention or MLP."""
+        x = self.input_proj(torch.cat([self.target.embed(input_ids), self.fuse_aux(aux)], dim=-1))
+        self.layer.cache_kv(x, positions, slot_mapping, kv)
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         c = self.config
@@ -122,7 +138,8 @@ class ModelDrafter(nn.Module):
     ) -> DraftOutput:
         del features  # a standalone model sees tokens only
         out = self.model(input_ids, positions, meta, kv, dp_group=dp_group, num_tokens_across_dp=num_tokens_across_dp)
-        return DraftOutput(out.hidden_states, self.model.compute_logits(rows_to_score(out.hidden_states, scored_rows)))
+        h = rows_to_score(out.hidden_states, scored_rows)
+        return DraftOutput(h, self.model.compute_logits(h))
 
     def make_kv_storage(self, num_blocks: int, block_size: int) -> PagedKVStorage:
         return self.model.make_kv_storage(num_blocks, block_size)

@@ -5,6 +5,11 @@ steps; a separate draft model sees the target's own tokens in the prefill and
 runs K decode steps starting from the bonus token. The multi-step decode
 rebuilds the attention metadata each step; the fused decode builds it once and
 advances it in place. Every forward goes through ``DraftContext.forward``.
+
+An EAGLE head's prefill scores only the rows it samples, and its one layer
+computes only K/V at the others. A step where no request drafts therefore needs
+nothing but those K/V, and without DP it runs no forward at all: it holds its
+committed rows and the next prefill writes them first (``backends.context_backlog``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import Tensor
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
+from backends.context_backlog import MAX_HELD_ROWS, ContextBacklog, committed_slots, rows_with_slots
 from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
     REJECTED_TOKEN_ID,
@@ -46,6 +52,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         name: str = "autoregressive",
         seed: int = 0,
         argmax_drafts: bool = False,
+        max_held_rows: int = MAX_HELD_ROWS,
     ) -> None:
         if not 1 <= num_spec_tokens <= 8:
             raise ValueError(f"num_spec_tokens (K) must be in 1..8, got {num_spec_tokens}")
@@ -59,6 +66,9 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.argmax_drafts = argmax_drafts
         """Deterministic drafts even for sampled requests: the proposal is one-hot (``draft_probs`` None)."""
+        self.max_held_rows = max_held_rows
+        """EAGLE: context rows held while no request drafts (``ContextBacklog``); 1 writes every step at once."""
+        self.backlog = ContextBacklog(max_held_rows)
 
     @property
     def samples_in_prefill(self) -> bool:
@@ -70,6 +80,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
         if isinstance(self.network, EagleHead):  # a separate draft model packs on first use, as a target does
             self.network.prepare_packed()
+        self.backlog = ContextBacklog(self.max_held_rows)
 
     # -- one proposal ----------------------------------------------------------------------------
 
@@ -78,6 +89,8 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         # A request whose budget is 0 (the draft-length policy decided drafting does not pay) only has its
         # prefill rows written: no first draft, no decode rows.
         drafting = [r for r in range(step.num_reqs) if step.draft_budget(r, k) > 0]
+        if not drafting and self._holds_context(ctx):
+            return self._hold_context(step)
         prefill = self._prefill(step, ctx, self.sampled_rows(step, drafting))
         vocab = prefill.logits.shape[-1]
         device = prefill.logits.device
@@ -89,7 +102,6 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         # The logits each slot was drawn from, kept only where VER-9 will read them (full mode).
         source = torch.zeros_like(probs) if probs is not None and current_mode() is Mode.FULL else None
 
-        rows = torch.tensor([step.last_valid[r] for r in drafting], dtype=torch.int64, device=device)
         if self.samples_in_prefill:
             first, first_probs = self._draw(prefill.logits, params)  # scored at exactly these rows
             tokens[drafting, 0] = first
@@ -97,7 +109,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
                 probs[drafting, 0] = first_probs
             if source is not None:
                 source[drafting, 0] = prefill.logits.float()
-            features: Tensor | None = prefill.hidden_states[rows]
+            features: Tensor | None = prefill.hidden_states  # scored at exactly these rows
             decode_steps, column_offset = k - 1, 1
         else:
             first = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
@@ -129,27 +141,60 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             return ()
         return tuple(step.last_valid[r] for r in drafting)
 
-    def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
-        """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
-        kv, device = self.kv, step.input_ids.device
-        meta = build_target_metadata(list(step.scheduled), step.desc, kv, device=device)
+    def _holds_context(self, ctx: DraftContext) -> bool:
+        """An EAGLE head's rows nobody samples need only their K/V, which can wait; not under DP, where every
+        rank runs the prefill and the decode syncs whether it drafts or not."""
+        return isinstance(self.network, EagleHead) and ctx.dp_group is None
+
+    def _hold_context(self, step: TargetStep) -> Proposal:
+        """No request drafts: no forward runs, and the committed rows' K/V wait for the next prefill to write them.
+
+        With no forward there is no prefill for AR-1/AR-2 to check; the rows' slots
+        come from the scheduler's committed lengths (``committed_slots``).
+        """
         input_ids = self._prefill_inputs(step)
-        features = None
-        if isinstance(self.network, EagleHead):
-            features = self.network.fuse_aux(step.output.aux_hidden_states)
+        slots = committed_slots(step, self.kv)
+        self.backlog.hold(rows_with_slots((input_ids, *step.output.aux_hidden_states), step.positions, slots))
+        if self.backlog.full:
+            self._write_held()
+        k, device = self.num_spec_tokens, step.input_ids.device
+        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
+        return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs)
+
+    def _write_held(self) -> None:
+        """The held context rows' K/V, before anything reads the cache (or when the backlog is full)."""
+        rows = self.backlog.take()
+        if rows is not None and isinstance(self.network, EagleHead):
+            ids, *aux = rows.features
+            self.network.write_context(ids, rows.positions, aux, rows.slot_mapping(), self.storage)
+
+    def _prefill_facts(
+        self, step: TargetStep, input_ids: Int[Tensor, " num_tokens"], features: Tensor | None
+    ) -> BatchFacts:
+        device = step.input_ids.device
+        meta = build_target_metadata(list(step.scheduled), step.desc, self.kv, device=device)
         rows_padded = step.desc.num_reqs_padded(step.num_reqs)
-        facts = BatchFacts(
+        return BatchFacts(
             desc=step.desc,
             num_reqs=step.num_reqs,
             num_tokens=step.num_tokens,
             meta=meta,
             input_ids=input_ids,
             positions=step.positions,
-            block_size=kv.block_size,
+            block_size=self.kv.block_size,
             hidden_states=features,
             target_desc=step.desc,
             last_token_indices=padded_rows(step.last_valid, rows_padded, device),
         )
+
+    def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
+        """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
+        self._write_held()
+        input_ids = self._prefill_inputs(step)
+        features = None
+        if isinstance(self.network, EagleHead):
+            features = self.network.fuse_aux(step.output.aux_hidden_states)
+        facts = self._prefill_facts(step, input_ids, features)
         out = ctx.forward(
             self.network,
             StepKind.DRAFT_PREFILL,

@@ -223,7 +223,8 @@ class DFlashNetwork(nn.Module):
             x = self._layer(layer, x, positions, meta, kv, context_lens, dp_group, num_tokens_across_dp)
         if self.echo:
             x = self._echo(x, x0, meta.num_reqs, q_width)
-        return DraftOutput(x, self.head_logits(self.norm(rows_to_score(x, scored_rows))))
+        x = rows_to_score(x, scored_rows)
+        return DraftOutput(x, self.head_logits(self.norm(x)))
 
     @staticmethod
     def _layer(

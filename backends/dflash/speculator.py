@@ -3,9 +3,11 @@
 Per drafting request the block ``[bonus, MASK x K]`` sits at ``P + 1 .. P + 1 + K``
 (``P`` = last committed position) and block position ``j >= 1`` proposes the
 token at its own position, so ``q = K + 1``. The draft cache holds the injected
-context K/V of exactly the committed tokens after every step; block K/V are
-never cached (the engine commits the draft cache to the committed lengths after
-each proposal). Every rank syncs once per proposal, drafting or not.
+context K/V of exactly the committed tokens whenever a block forward reads it:
+a step where no rank drafts holds its rows, and the next block forward writes
+them first (``backends.context_backlog``). Block K/V are never cached (the
+engine commits the draft cache to the committed lengths after each proposal).
+Every rank syncs once per proposal, drafting or not.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from backends.common import DraftCacheOwner
+from backends.context_backlog import MAX_HELD_ROWS, ContextBacklog, ContextRows, committed_slots, rows_with_slots
 from backends.dflash.metadata import build_block_metadata
 from backends.dflash.network import MASK_TOKEN_ID, DFlashNetwork
 from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
-    PAD_SLOT_ID,
     REJECTED_TOKEN_ID,
     AttentionMetadata,
     BatchExecutionDescriptor,
@@ -48,6 +50,12 @@ class ContextInjection:
     positions: Int[Tensor, " ctx"]
     slot_mapping: Int[Tensor, " ctx"]
     committed: Bool[Tensor, " ctx"]
+    host_slots: tuple[int, ...]
+    """``slot_mapping`` on the host, as planned."""
+
+    def committed_rows(self) -> ContextRows:
+        """The rows with a slot, to write now or hold (``ContextBacklog``)."""
+        return rows_with_slots(self.aux, self.positions, self.host_slots)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +70,8 @@ class BlockStep:
     context: ContextInjection
     context_lens: tuple[int, ...]
     """Committed tokens per drafting request (host data: the block attends to them without a device read)."""
+    write: ContextRows | None
+    """What the forward writes first: the context rows held from earlier steps, then this step's committed rows."""
 
     def __call__(
         self,
@@ -75,8 +85,9 @@ class BlockStep:
         num_tokens_across_dp: Sequence[int] | None,
         scored_rows: Sequence[int] | None = None,
     ) -> DraftOutput:
-        c = self.context
-        self.network.inject_context(c.aux, c.positions, c.slot_mapping, kv)
+        if self.write is not None:
+            w = self.write
+            self.network.inject_context(w.features, w.positions, w.slot_mapping(), kv)
         out: DraftOutput = self.network(
             input_ids,
             positions,
@@ -110,6 +121,7 @@ class DFlashSpeculator(DraftCacheOwner):
         name: str = "dflash",
         seed: int = 0,
         argmax_drafts: bool = False,
+        max_held_rows: int = MAX_HELD_ROWS,
     ) -> None:
         if not 1 <= num_spec_tokens <= 16:
             raise ValueError(f"num_spec_tokens (K) must be in 1..16, got {num_spec_tokens}")
@@ -122,6 +134,9 @@ class DFlashSpeculator(DraftCacheOwner):
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.argmax_drafts = argmax_drafts
         """Deterministic drafts even for sampled requests: one-hot proposals (``draft_probs`` None)."""
+        self.max_held_rows = max_held_rows
+        """Context rows held while no rank drafts (``ContextBacklog``); 1 writes every step's context at once."""
+        self.backlog = ContextBacklog(max_held_rows)
 
     @property
     def query_width(self) -> int:
@@ -138,6 +153,7 @@ class DFlashSpeculator(DraftCacheOwner):
         self._kv = ctx.new_cache("dflash")  # context only: block K/V are never cached, so no lookahead
         self._storage = self.network.make_kv_storage(self._kv.num_blocks, ctx.block_size)
         self.network.prepare_packed()
+        self.backlog = ContextBacklog(self.max_held_rows)
 
     # -- one proposal ----------------------------------------------------------------------------
 
@@ -180,8 +196,9 @@ class DFlashSpeculator(DraftCacheOwner):
         """The block sync and the checked block forward, shared by the DFlash and DSpark layouts.
 
         Returns the drafting request rows, the block output (None when no rank
-        drafts: every rank then skips alike, and the context is still injected),
-        the block step's descriptor and a token buffer of ``REJECTED_TOKEN_ID``.
+        drafts: every rank then skips alike, and the context is held for the
+        next block forward), the block step's descriptor and a token buffer of
+        ``REJECTED_TOKEN_ID``.
         """
         k, q = self.num_spec_tokens, self.query_width
         context = self._plan_context(step)
@@ -191,10 +208,14 @@ class DFlashSpeculator(DraftCacheOwner):
         device = step.input_ids.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
         if desc.num_tokens == 0:
-            # No rank drafts: no block forward, but the context write is checked (BLK-6) all the same.
-            empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
-            ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
-            self.network.inject_context(context.aux, context.positions, context.slot_mapping, self.storage)
+            # No rank drafts: no block forward, but the context write is checked (BLK-6) all the same. Nothing
+            # reads the cache before the next block forward, so the write waits for it (or for a full backlog).
+            if current_mode() is not Mode.OFF:
+                empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
+                ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
+            self.backlog.hold(context.committed_rows())
+            if self.backlog.full:
+                self._write(self.backlog.take())
             return drafting, None, desc, tokens
 
         desc, across = pad_model_rows_for_dp(desc, state, m, q)
@@ -207,13 +228,17 @@ class DFlashSpeculator(DraftCacheOwner):
         inputs = self._block_inputs(step, drafting, desc.num_tokens, ctx.max_model_len)
         facts = self._block_facts(desc, meta, base, context, ctx.max_model_len, inputs)
         out = ctx.forward(
-            BlockStep(self.network, context, tuple(p + 1 for p in base)),
+            BlockStep(self.network, context, tuple(p + 1 for p in base), self.backlog.take(context.committed_rows())),
             StepKind.DRAFT_BLOCK,
             facts,
             self.storage,
             num_tokens_across_dp=across,
         )
         return drafting, out, desc, tokens
+
+    def _write(self, rows: ContextRows | None) -> None:
+        if rows is not None:
+            self.network.inject_context(rows.features, rows.positions, rows.slot_mapping(), self.storage)
 
     def _block_facts(
         self,
@@ -261,23 +286,18 @@ class DFlashSpeculator(DraftCacheOwner):
                 committed[row + i] = p < end
             row += s.query_len
         device = step.input_ids.device
+        slots = self._context_slots(step)
         return ContextInjection(
             aux=step.output.aux_hidden_states,
             positions=step.positions,
-            slot_mapping=torch.tensor(self._context_slots(step), dtype=torch.int64, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             committed=torch.tensor(committed, dtype=torch.bool, device=device),
+            host_slots=tuple(slots),
         )
 
     def _context_slots(self, step: TargetStep) -> list[int]:
         """Draft slots of the committed target rows; rejected drafts, finished and padded rows get PAD_SLOT_ID."""
-        slots = [PAD_SLOT_ID] * step.desc.num_tokens
-        row = 0
-        for s in step.scheduled:
-            end = step.committed_lengths.get(s.req_id, 0)
-            keep = [p for p in range(s.num_computed_tokens, s.seq_len) if p < end]
-            slots[row : row + len(keep)] = self.kv.slot_mapping(s.req_id, keep)
-            row += s.query_len
-        return slots
+        return committed_slots(step, self.kv)
 
     def _block_inputs(
         self, step: TargetStep, drafting: list[int], rows: int, max_model_len: int

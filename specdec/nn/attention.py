@@ -14,8 +14,10 @@ fails on a GPU, rather than silently reading the wrong rows.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from contracts import AttentionMetadata
+from contracts import PAD_SLOT_ID, AttentionMetadata
 from specdec.kv_storage import PagedKVStorage
 
 
@@ -63,6 +65,49 @@ def write_kv(
             "covers every model row (padded rows hold PAD_SLOT_ID), so slot_mapping must have desc.num_tokens entries"
         )
     kv.write(layer, meta.slot_mapping, key, value, buffer_rows=buffer_rows)
+
+
+def query_rows_metadata(meta: AttentionMetadata, rows: Sequence[int]) -> AttentionMetadata:
+    """Metadata that attends only ``rows`` of a causal forward whose K/V are already written.
+
+    Each row becomes a one-query request over its own prefix: row ``j`` of
+    request ``r`` (query rows ``qsl[r]:qsl[r+1]``, context ``S_r``) sits at
+    position ``S_r - (qsl[r+1] - j)``. A drafter that samples a few rows (EAGLE's
+    last row per request) still writes every row's K/V for later queries, but
+    needs attention, the output projection and the MLP at those rows only.
+    Nothing is written through this metadata (its slots are ``PAD_SLOT_ID``).
+    """
+    if not meta.causal:
+        raise ValueError("query_rows_metadata needs causal metadata: a bidirectional block's rows see the whole block")
+    qsl = host_query_start_loc(meta)[: meta.num_reqs + 1]
+    seq = host_seq_lens(meta)
+    owners, lens = [], []
+    for row in rows:
+        r = bisect.bisect_right(qsl, row) - 1
+        if not (0 <= r < meta.num_reqs and qsl[r] <= row < qsl[r + 1]):
+            raise ValueError(
+                f"row {row} belongs to no real request: query_start_loc {qsl} covers rows 0..{qsl[-1] - 1}"
+            )
+        owners.append(r)
+        lens.append(seq[r] - (qsl[r + 1] - 1 - row))
+    m, device = len(rows), meta.seq_lens.device
+    index = torch.tensor(owners, dtype=torch.int64, device=meta.block_table.device)
+    starts = list(range(m + 1))
+    return AttentionMetadata(
+        num_reqs=m,
+        num_reqs_padded=m,
+        num_tokens=m,
+        num_tokens_padded=m,
+        max_query_len=1 if m else 0,
+        max_seq_len=max(lens, default=0),
+        causal=True,
+        seq_lens=torch.tensor(lens, dtype=meta.seq_lens.dtype, device=device),
+        query_start_loc=torch.tensor(starts, dtype=meta.query_start_loc.dtype, device=device),
+        block_table=meta.block_table.index_select(0, index),
+        slot_mapping=torch.full((m,), PAD_SLOT_ID, dtype=meta.slot_mapping.dtype, device=device),
+        query_start_loc_cpu=torch.tensor(starts, dtype=torch.int32),
+        seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
+    )
 
 
 def validate_attention_inputs(q: Float[Tensor, "rows heads head_dim"], meta: AttentionMetadata) -> list[int]:

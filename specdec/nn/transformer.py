@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.nn.attention import AttentionPlan, paged_attention, write_kv
+from specdec.nn.attention import AttentionPlan, host_query_start_loc, paged_attention, query_rows_metadata, write_kv
 from specdec.nn.config import ModelConfig
 from specdec.nn.indexer import SparseIndexer
 from specdec.nn.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
@@ -117,16 +117,24 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(config.num_heads * config.head_dim, hidden, init, f"{name}.o_proj")
         self.qkv = PackedLinear()
         """``q_proj``, ``k_proj`` and ``v_proj`` packed as one matrix (one matmul on the packed path)."""
+        self.kv = PackedLinear()
+        """``k_proj`` and ``v_proj`` alone, for ``forward_rows`` (packed on first use or by ``prepare_packed``)."""
+        self.q = PackedLinear()
+        """``q_proj`` alone, for ``forward_rows``."""
         self.indexer = (
             SparseIndexer(config.indexer, hidden, kv_width, init, f"{name}.indexer")
             if config.indexer is not None
             else None
         )
 
-    def prepare_packed(self) -> None:
-        """The matrices a forward multiplies (q, k and v only as their fused copy)."""
+    def prepare_packed(self, *, rows_path: bool = False) -> None:
+        """The matrices a forward multiplies (q, k and v only as their fused copy); with ``rows_path``, also the
+        separate K/V and Q copies ``forward_rows`` multiplies."""
         self.qkv.prepare((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
         self.o_proj.prepare_packed()
+        if rows_path:
+            self.kv.prepare((self.k_proj.weight, self.v_proj.weight))
+            self.q.prepare((self.q_proj.weight,))
 
     def project(
         self,
@@ -184,6 +192,59 @@ class SelfAttention(nn.Module):
         out = attended.reshape(h.shape[0], self.num_heads * self.head_dim)
         return self.o_proj.packed.run(out, (self.o_proj.weight,))[0]
 
+    def cache_kv(
+        self,
+        h: Float[Tensor, "rows hidden"],
+        positions: Int[Tensor, " rows"],
+        slot_mapping: Int[Tensor, " rows"],
+        kv: PagedKVStorage,
+    ) -> tuple[Float[Tensor, "rows 1 head_dim"], Float[Tensor, "rows 1 head_dim"]]:
+        """Write the rows' K/V at ``slot_mapping`` and nothing else; returns the RoPE tables of ``positions``."""
+        n = h.shape[0]
+        k, v = self.kv.run(h, (self.k_proj.weight, self.v_proj.weight))
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, k.dtype)
+        k = rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        kv.write(self.layer, slot_mapping, k, v.view(n, self.num_kv_heads, self.head_dim))
+        return cos, sin
+
+    def forward_rows(
+        self,
+        h: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        rows: Sequence[int],
+    ) -> Float[Tensor, "rows hidden"]:
+        """Write K/V for every model row, then attend and project out only ``rows`` (in that order).
+
+        For a causal drafter that reads its output at a few rows but must cache
+        every row's K/V; ``forward``'s output at those rows, up to summation
+        order, padded rows included. Dense attention only (no sparse indexer).
+        """
+        if self.indexer is not None:
+            raise ValueError("forward_rows attends densely; a layer with a sparse indexer runs forward")
+        if meta.slot_mapping.dim() != 1 or meta.slot_mapping.shape[0] != h.shape[0]:
+            write_kv(kv, self.layer, meta, h, h)  # raises the kernel's message for a slot mapping of the wrong size
+        cos, sin = self.cache_kv(h, positions, meta.slot_mapping, kv)
+        if not rows:
+            return h.new_zeros((0, self.o_proj.weight.shape[0]))
+        index = torch.tensor(list(rows), dtype=torch.int64, device=h.device)
+        (q,) = self.q.run(h.index_select(0, index), (self.q_proj.weight,))
+        q = rotate(q.view(len(rows), self.num_heads, self.head_dim), cos[index], sin[index])
+        # Rows past the real requests' queries (graph or DP padding) attend to nothing, as in ``forward``.
+        owned = host_query_start_loc(meta)[meta.num_reqs]
+        real = [i for i, row in enumerate(rows) if row < owned]
+        if len(real) == len(rows):
+            attended = paged_attention(q, query_rows_metadata(meta, rows), kv, self.layer)
+        else:
+            attended = torch.zeros_like(q)
+            if real:
+                at = torch.tensor(real, dtype=torch.int64, device=h.device)
+                sub = query_rows_metadata(meta, [rows[i] for i in real])
+                attended.index_copy_(0, at, paged_attention(q.index_select(0, at), sub, kv, self.layer))
+        out = attended.reshape(len(rows), self.num_heads * self.head_dim)
+        return self.o_proj.packed.run(out, (self.o_proj.weight,))[0]
+
     def forward_dense(
         self, h: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool
     ) -> Float[Tensor, "seq_len hidden"]:
@@ -212,9 +273,10 @@ class DecoderLayer(nn.Module):
             else SwiGLUMLP(config.hidden_size, config.intermediate_size, init, f"{name}.mlp")
         )
 
-    def prepare_packed(self) -> None:
-        """Pack this layer's weights for the decode-sized path now (a drafter's ``bind``), not in its first step."""
-        self.self_attn.prepare_packed()
+    def prepare_packed(self, *, rows_path: bool = False) -> None:
+        """Pack this layer's weights for the decode-sized path now (a drafter's ``bind``), not in its first step;
+        ``rows_path``: for ``forward_rows`` too."""
+        self.self_attn.prepare_packed(rows_path=rows_path)
         if isinstance(self.mlp, SwiGLUMLP):
             self.mlp.prepare_packed()
 
@@ -241,6 +303,43 @@ class DecoderLayer(nn.Module):
     ) -> Float[Tensor, "num_tokens hidden"]:
         x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv, shared)
         return self.run_mlp(x, dp_group, num_tokens_across_dp)
+
+    def cache_kv(
+        self,
+        x: Float[Tensor, "rows hidden"],
+        positions: Int[Tensor, " rows"],
+        slot_mapping: Int[Tensor, " rows"],
+        kv: PagedKVStorage,
+    ) -> None:
+        """Only the rows' K/V, written at ``slot_mapping``: what later queries read of rows nobody samples."""
+        self.self_attn.cache_kv(self.input_layernorm(x), positions, slot_mapping, kv)
+
+    def forward_rows(
+        self,
+        x: Float[Tensor, "num_tokens hidden"],
+        positions: Int[Tensor, " num_tokens"],
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        rows: Sequence[int],
+        dp_group: DPGroup | None = None,
+        num_tokens_across_dp: Sequence[int] | None = None,
+    ) -> Float[Tensor, "rows hidden"]:
+        """The layer's output at ``rows`` only, every row's K/V cached: a last layer whose other rows nobody reads.
+
+        A one-layer EAGLE drafter reads its prefill output at the rows it samples
+        (one per drafting request, none on a step where nobody drafts), yet ran
+        attention and the MLP over every verify and prompt row. A sparse-indexer
+        or MoE layer (its experts' collectives need every rank's rows) runs the
+        whole layer and returns the rows.
+        """
+        if self.self_attn.indexer is not None or isinstance(self.mlp, MoEMLP):
+            full = self.forward(x, positions, meta, kv, dp_group, num_tokens_across_dp)
+            return full.index_select(0, torch.tensor(list(rows), dtype=torch.int64, device=x.device))
+        attended = self.self_attn.forward_rows(self.input_layernorm(x), positions, meta, kv, rows)
+        if not rows:
+            return attended
+        index = torch.tensor(list(rows), dtype=torch.int64, device=x.device)
+        return self.run_mlp(x.index_select(0, index) + attended, None, None)
 
     def forward_dense(
         self, x: Float[Tensor, "seq_len hidden"], positions: Int[Tensor, " seq_len"], causal: bool

@@ -12,7 +12,8 @@ HOST = "host_metadata_drafter:make_host_slot_mapping"  # tests/support: slot_map
 
 def test_each_failure_in_the_json_carries_its_invariant_id_once(tmp_path: Path) -> None:
     out = tmp_path / "matrix.json"
-    code = main([HOST], families=["dp"], examples=1, tensor_modes=("fake-cuda",), json_path=str(out), workers=1)
+    # Two examples: the first drafts nothing (its steps hold their context and run no draft forward), the second fails.
+    code = main([HOST], families=["dp"], examples=2, tensor_modes=("fake-cuda",), json_path=str(out), workers=1)
     assert code == 1
     [backend] = json.loads(out.read_text())["backends"]
     [cell] = backend["results"]

@@ -47,12 +47,16 @@ def eagle(target: Transformer) -> AutoregressiveSpeculator:
     return AutoregressiveSpeculator(head, num_spec_tokens=3, aux_layers=aux, name="eagle")
 
 
-def prefills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], tuple[int, ...] | None, int]]:
-    """Every draft prefill: the rows its drafter must sample, the rows it asked to score, and its logits rows."""
+def prefills(
+    monkeypatch: pytest.MonkeyPatch, expected: list[tuple[int, ...]] | None = None
+) -> list[tuple[tuple[int, ...], tuple[int, ...] | None, int]]:
+    """Every draft prefill: the rows its drafter must sample, the rows it asked to score, and its logits rows.
+
+    ``expected`` collects the rows to sample of every proposal, forward or not."""
     seen: list[tuple[tuple[int, ...], tuple[int, ...] | None, int]] = []
     real_propose = AutoregressiveSpeculator.propose
     real_forward = DraftContext.forward
-    expected: list[tuple[int, ...]] = []
+    expected = [] if expected is None else expected
 
     def propose(self: AutoregressiveSpeculator, step: Any, ctx: DraftContext) -> Any:
         expected.append(tuple(step.last_valid[r] for r in range(step.num_reqs) if step.drafting[r]))
@@ -76,17 +80,20 @@ def decode(engine: Engine) -> list[list[int]]:
     return [list(r.output) for r in reqs]
 
 
-def test_eagle_prefill_scores_each_drafting_requests_last_row_and_nothing_when_none_drafts(
+def test_eagle_prefill_scores_each_drafting_requests_last_row_and_runs_no_forward_when_none_drafts(
     target: Transformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = prefills(monkeypatch)
+    """A step where no request drafts only holds its context (test_context_backlog): no prefill forward at all."""
+    proposals: list[tuple[int, ...]] = []
+    seen = prefills(monkeypatch, proposals)
     plain = decode(Engine(target, FIXED))
     outputs = decode(Engine(target, ADAPTIVE, speculator=eagle(target), draft_policy=EveryThirdDecision(3)))
     assert outputs == plain
     for drafting_rows, scored, logit_rows in seen:
-        assert scored == drafting_rows
+        assert drafting_rows and scored == drafting_rows
         assert logit_rows == len(drafting_rows)
-    assert any(not rows for rows, _, _ in seen), "no step without drafting: the idle case went untested"
+    assert len(seen) == sum(1 for rows in proposals if rows)
+    assert any(not rows for rows in proposals), "no step without drafting: the idle case went untested"
     assert any(len(rows) >= 2 for rows, _, _ in seen), "no step with several drafting requests"
 
 
@@ -112,7 +119,7 @@ def drafts_of(target: Transformer, monkeypatch: pytest.MonkeyPatch, *, score_eve
     def forward(self: DraftContext, model: Any, step_kind: StepKind, *args: Any, **kw: Any) -> DraftOutput:
         rows = kw.pop("scored_rows", None)
         out = real_forward(self, model, step_kind, *args, **kw)
-        return out if rows is None else DraftOutput(out.hidden_states, out.logits[list(rows)])
+        return out if rows is None else DraftOutput(out.hidden_states[list(rows)], out.logits[list(rows)])
 
     with monkeypatch.context() as patch:
         patch.setattr(AutoregressiveSpeculator, "propose", propose)

@@ -27,6 +27,7 @@ from specdec.dp_group import DPGroup, InProcessDPGroup, in_process_world, run_ra
 from specdec.kv_cache import KVCacheManager
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn import IndexerConfig, ModelConfig, ModelOutput, MoEConfig, Transformer, paged_attention
+from specdec.nn.attention import query_rows_metadata
 from specdec.nn.layers import stream_seed
 from specdec.nn.packed_linear import (
     FP32_PACKED_ROWS,
@@ -188,6 +189,45 @@ def test_chunked_mixed_and_padded_batches_match_full_recomputation(
         torch.testing.assert_close(torch.cat(got[rid]), dense_logits(MODEL, seq), atol=ATOL, rtol=0)
         for a, b in zip(padded.cached(rid), plain.cached(rid), strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@settings(deadline=None, max_examples=25)
+@given(schedule=schedules(), data=st.data())
+def test_a_layer_run_at_some_rows_gives_those_rows_and_caches_every_row(
+    schedule: tuple[dict[str, list[int]], list[Step], int], data: st.DataObject
+) -> None:
+    """``forward_rows`` (EAGLE's prefill path): the full layer's output at the chosen rows, and the same cache."""
+    _, steps, block_size = schedule
+    layer = MODEL.model.decoder_layers()[0]
+    full, partial = Session.new(block_size=block_size), Session.new(block_size=block_size)
+    for step in steps:
+        requests, desc, meta = full.prepare(step)
+        partial.prepare(step)
+        n = desc.num_tokens  # padded rows too: they attend to nothing, as in the full layer
+        rows = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n), label="rows")
+        x = torch.randn(desc.num_tokens, CONFIG.hidden_size, generator=torch.Generator().manual_seed(len(rows)))
+        positions = build_positions(requests, desc)
+        want = layer(x, positions, meta, full.kv)[rows]
+        got = layer.forward_rows(x, positions, meta, partial.kv, rows)
+        assert got.shape == (len(rows), CONFIG.hidden_size)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        for s in (full, partial):
+            for r in requests:
+                s.kvm.set_length(r.req_id, r.seq_len)
+        torch.testing.assert_close(partial.kv.key_cache(0), full.kv.key_cache(0), atol=1e-6, rtol=0)
+        torch.testing.assert_close(partial.kv.value_cache(0), full.kv.value_cache(0), atol=1e-6, rtol=0)
+
+
+def test_rows_outside_the_real_requests_cannot_be_attended_alone() -> None:
+    session = Session.new()
+    _, _, meta = session.prepare(
+        Step([("a", tokens(1, 3)), ("b", tokens(2, 2))], mode="FULL", pad_tokens=2, pad_reqs=1)
+    )
+    assert query_rows_metadata(meta, [4, 0]).seq_lens.tolist() == [2, 1]
+    with pytest.raises(ValueError, match=re.escape("row 5 belongs to no real request")):
+        query_rows_metadata(meta, [0, 5])
+    with pytest.raises(ValueError, match="needs causal metadata"):
+        query_rows_metadata(dataclasses.replace(meta, causal=False), [0])
 
 
 def test_padded_rows_write_only_the_scratch_slot() -> None:
