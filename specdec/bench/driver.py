@@ -145,6 +145,12 @@ def peer_section(records: Sequence[RunRecord], peer_name: str, lookup_name: str 
     return section
 
 
+CONTRACT_ROUNDS = 6
+"""Interleaved rounds of the contract modes at least: their runs do the same work in every mode, so what moves
+between rounds is the host. With two rounds (the bench's default) one noisy run swung a mode by 6-8% either way
+(``full`` measured 0.94x ``off`` once), and the verdict on ``off`` against no contracts flipped between runs."""
+
+
 def contract_section(
     target: Transformer,
     workload: Workload,
@@ -158,7 +164,7 @@ def contract_section(
     runners = [ModeRunner(inner, mode) for mode in MODES]
     spec = RunSpec(0.0, options.max_tokens, stop_token_ids, options.seed)
     batches = workload.singles[: options.contract_prompts]
-    repeats = max(2, options.repeats)
+    repeats = max(CONTRACT_ROUNDS, options.repeats)
     records = interleave(batches, runners, spec, repeats=repeats, on_run=on_run)
     ratios = pair_ratios(records, baseline="off")
     modes: dict[str, Any] = {}
@@ -357,7 +363,7 @@ def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int)
                 total += len(w.batches(size)) * options.repeats * per
     home = contract_workload(workloads)
     if options.modes_backend is not None and home is not None:
-        total += min(options.contract_prompts, len(home.singles)) * max(2, options.repeats) * len(MODES)
+        total += min(options.contract_prompts, len(home.singles)) * max(CONTRACT_ROUNDS, options.repeats) * len(MODES)
     return total
 
 
