@@ -294,6 +294,11 @@ class DraftLengthPolicy:
         """
         if not margin >= 0.0:
             raise ValueError(f"margin must be >= 0, got {margin}")
+        if cost is not None and not cost.seconds(1, 0) > 0.0:
+            raise ValueError(
+                f"the known step cost prices a one-row step without drafts at {cost.seconds(1, 0):g} s: {cost}; "
+                "a step takes time (base + per_row must be positive)"
+            )
         if num_spec_tokens < 1 or probe_every < 1 or probe_backoff < 1:
             raise ValueError(
                 "num_spec_tokens, probe_every and probe_backoff must be >= 1, "

@@ -19,7 +19,9 @@ candidate bend at each of a few measured row counts (``bend_candidates``)
 and lets the data decide how much each one steepens the cost; with none
 that pays, the model is a straight line. The fit is least squares over a
 sliding window, with every coefficient but ``base`` kept non-negative,
-refitted as samples arrive.
+refitted as samples arrive; a fit that prices a one-row plain step at no
+time or less is refitted with ``base`` non-negative too, and one that still
+does is not adopted (the draft-length policy divides by these times).
 Steps that prefill are left out: their attention over long prompts is not
 what a decode step's draft length changes. So are, at each refit, steps far
 off the first fit (``OUTLIER_SPREADS``): a kernel compiled on a shape's first
@@ -28,6 +30,7 @@ use or a stall of a shared machine says nothing about the next step.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -103,42 +106,60 @@ class StepCostModel:
 
     @property
     def identifiable(self) -> bool:
-        rows = {s.rows for s in self.samples}
-        drafts = {s.max_draft for s in self.samples}
-        return len(rows) >= 2 and 0 in drafts and len(drafts) >= 2
+        return _identifiable(list(self.samples))
 
     def refit(self) -> StepCost | None:
+        """Fit the window; a fit that would price some step at no time (or less) is never adopted."""
         self._since_fit = 0
-        if not self.identifiable:
+        samples = list(self.samples)
+        if not _identifiable(samples):
             return self.fitted
-        knees = bend_candidates([s.rows for s in self.samples])
-        x = torch.tensor(
-            [
-                [1.0, s.rows, 1.0 if s.max_draft else 0.0, s.max_draft, *(max(0, s.rows - k) for k in knees)]
-                for s in self.samples
-            ],
-            dtype=torch.float64,
-        )
-        y = torch.tensor([s.seconds for s in self.samples], dtype=torch.float64)
-        # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
-        features = [0, 1, 2, 3] if len({s.max_draft for s in self.samples}) >= 3 else [0, 1, 2]
-        features += [len(FEATURES) + i for i in range(len(knees))]
-        x = x[:, features]
-        solution = _nonnegative_lstsq(x, y)
+        knees = bend_candidates([s.rows for s in samples])
+        fit = _fit(samples, knees)
         # One slow step must not set the cost for the next 256: the first step of a new row count pays one-time
         # costs (oneDNN compiles a kernel per shape: ~300 ms against a ~80 ms step), and a shared machine stalls.
-        residual = y - x @ torch.tensor(solution, dtype=torch.float64)
-        spread = max(float(residual.abs().median()), 0.01 * float(y.median()))
-        kept = residual.abs() <= OUTLIER_SPREADS * spread
-        if not bool(kept.all()) and int(kept.sum()) >= len(features):
-            solution = _nonnegative_lstsq(x[kept], y[kept])
-        coef = [0.0] * (len(FEATURES) + len(knees))
-        for i, c in zip(features, solution, strict=True):
-            coef[i] = c
-        bends = tuple((k, c) for k, c in zip(knees, coef[len(FEATURES) :], strict=True) if c > 0.0)
-        base, per_row, per_proposal, per_draft = coef[: len(FEATURES)]
-        self.fitted = StepCost(base, per_row, per_proposal, per_draft, bends=bends)
+        residual = [s.seconds - fit.seconds(s.rows, s.max_draft) for s in samples]
+        spread = max(statistics.median(abs(r) for r in residual), 0.01 * statistics.median(s.seconds for s in samples))
+        kept = [s for s, r in zip(samples, residual, strict=True) if abs(r) <= OUTLIER_SPREADS * spread]
+        # The outliers go only if what is left still pins every coefficient: without its plain steps, say, the
+        # proposal's indicator equals the constant, and the solver may put the whole cost there (plain steps free).
+        if len(kept) < len(samples) and len(kept) >= len(FEATURES) + len(knees) and _identifiable(kept):
+            fit = _fit(kept, knees)
+        if not fit.seconds(1, 0) > 0.0:
+            # A negative base with steep rows can price a small plain step at nothing: then no free base.
+            fit = _fit(kept if _identifiable(kept) else samples, knees, free_base=False)
+        if fit.seconds(1, 0) > 0.0:
+            self.fitted = fit
         return self.fitted
+
+
+def _identifiable(samples: list[StepSample]) -> bool:
+    """At least two row counts, and steps with and without drafts."""
+    rows = {s.rows for s in samples}
+    drafts = {s.max_draft for s in samples}
+    return len(rows) >= 2 and 0 in drafts and len(drafts) >= 2
+
+
+def _fit(samples: list[StepSample], knees: list[int], *, free_base: bool = True) -> StepCost:
+    """Least squares of ``samples`` with the costs (and, unless ``free_base``, the base) non-negative."""
+    x = torch.tensor(
+        [
+            [1.0, s.rows, 1.0 if s.max_draft else 0.0, s.max_draft, *(max(0, s.rows - k) for k in knees)]
+            for s in samples
+        ],
+        dtype=torch.float64,
+    )
+    y = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
+    # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
+    features = [0, 1, 2, 3] if len({s.max_draft for s in samples}) >= 3 else [0, 1, 2]
+    features += [len(FEATURES) + i for i in range(len(knees))]
+    solution = _nonnegative_lstsq(x[:, features], y, free_base=free_base)
+    coef = [0.0] * (len(FEATURES) + len(knees))
+    for i, c in zip(features, solution, strict=True):
+        coef[i] = c
+    bends = tuple((k, c) for k, c in zip(knees, coef[len(FEATURES) :], strict=True) if c > 0.0)
+    base, per_row, per_proposal, per_draft = coef[: len(FEATURES)]
+    return StepCost(base, per_row, per_proposal, per_draft, bends=bends)
 
 
 def bend_candidates(rows: list[int]) -> list[int]:
@@ -157,17 +178,21 @@ def bend_candidates(rows: list[int]) -> list[int]:
     return knees
 
 
-def _nonnegative_lstsq(x: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """Least squares with every coefficient after the first clamped at zero (a small active-set loop).
+def _nonnegative_lstsq(x: torch.Tensor, y: torch.Tensor, *, free_base: bool = True) -> list[float]:
+    """Least squares with every coefficient after the first (with ``free_base=False``, every one) clamped at zero
+    (a small active-set loop).
 
     Timing noise can make a tiny cost come out negative, and a negative
     per-draft cost would tell the policy that drafting more is free.
     """
     active = list(range(x.shape[1]))
     coef = [0.0] * x.shape[1]
+    first = 1 if free_base else 0
     for _ in range(x.shape[1]):
-        solution = torch.linalg.lstsq(x[:, active], y.unsqueeze(1)).solution.squeeze(1).tolist()
-        negative = [i for i, c in zip(active, solution, strict=True) if i > 0 and c < 0]
+        # gelsd: the minimum-norm solution when columns coincide (a window with one row count per draft state);
+        # the default driver would zero all but one of them, the base included.
+        solution = torch.linalg.lstsq(x[:, active], y.unsqueeze(1), driver="gelsd").solution.squeeze(1).tolist()
+        negative = [i for i, c in zip(active, solution, strict=True) if i >= first and c < 0]
         if not negative:
             coef = [0.0] * x.shape[1]
             for i, c in zip(active, solution, strict=True):

@@ -74,6 +74,40 @@ def test_cost_fit_never_prices_a_draft_below_zero() -> None:
     assert fit is not None and min(fit.per_row, fit.per_proposal, fit.per_draft) >= 0.0
 
 
+def test_a_fit_never_prices_a_plain_step_at_nothing_or_less() -> None:
+    """The policy divides by a plain step's predicted time (a bench run once died of 1.0 / 0.0 at batch 8).
+
+    Rows that get dearer fast make a free base come out negative: the line through
+    plain steps of 10, 30 and 50 ms at 8, 16 and 24 rows crosses zero at 4 rows.
+    """
+    model = StepCostModel()
+    for _ in range(4):
+        for rows, ms in [(8, 10.0), (16, 30.0), (24, 50.0)]:
+            model.observe(rows, 0, ms / 1000)
+            model.observe(rows + 8, 2, (ms + 25.0) / 1000)
+    fit = model.fitted
+    assert fit is not None and fit.base >= 0.0
+    assert all(fit.seconds(rows, 0) > 0.0 for rows in range(1, 41))
+    policy = DraftLengthPolicy(2, cost=fit)
+    assert set(policy.choose(["a", "b"], base_rows=2, remaining={"a": 9, "b": 9}, draining=True)) == {"a", "b"}
+
+
+def test_a_fit_that_prices_steps_at_nothing_is_not_adopted(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = StepCostModel(refit_every=1)
+    for rows, draft in [(1, 0), (2, 2), (3, 1), (4, 0)]:
+        model.observe(rows, draft, TRUE.seconds(rows, draft))
+    good = model.fitted
+    assert good is not None
+    monkeypatch.setattr(step_cost, "_fit", lambda *args, **kwargs: StepCost(0.0, 0.0, 0.01, 0.0, bends=((3, 0.01),)))
+    model.observe(5, 0, TRUE.seconds(5, 0))
+    assert model.fitted is good
+
+
+def test_a_known_cost_must_price_every_step() -> None:
+    with pytest.raises(ValueError, match="prices a one-row step without drafts at 0"):
+        DraftLengthPolicy(2, cost=StepCost(0.0, 0.0, 0.004, 0.002))
+
+
 STEEPENING = StepCost(base=0.020, per_row=0.0002, per_proposal=0.003, per_draft=0.001, bends=((16, 0.0012),))
 """A forward bound by weight reads up to 16 rows and by arithmetic past them (the shape a CPU shows at batch 8)."""
 
