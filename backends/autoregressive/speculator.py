@@ -21,7 +21,7 @@ from torch import Tensor
 from backends.autoregressive.metadata import advance_decode_metadata, build_decode_metadata, padded_rows
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
-from backends.context_backlog import MAX_HELD_ROWS, ContextBacklog, committed_slots, rows_with_slots
+from backends.context_backlog import MAX_HELD_ROWS, ContextBacklog, ContextRows, committed_slots, rows_with_slots
 from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
     REJECTED_TOKEN_ID,
@@ -154,16 +154,14 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         """
         input_ids = self._prefill_inputs(step)
         slots = committed_slots(step, self.kv)
-        self.backlog.hold(rows_with_slots((input_ids, *step.output.aux_hidden_states), step.positions, slots))
-        if self.backlog.full:
-            self._write_held()
+        due = self.backlog.hold(rows_with_slots((input_ids, *step.output.aux_hidden_states), step.positions, slots))
+        self._write(due)
         k, device = self.num_spec_tokens, step.input_ids.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
         return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs)
 
-    def _write_held(self) -> None:
-        """The held context rows' K/V, before anything reads the cache (or when the backlog is full)."""
-        rows = self.backlog.take()
+    def _write(self, rows: ContextRows | None) -> None:
+        """Context rows' K/V (the held ones before anything reads the cache, or when the backlog is full)."""
         if rows is not None and isinstance(self.network, EagleHead):
             ids, *aux = rows.features
             self.network.write_context(ids, rows.positions, aux, rows.slot_mapping(), self.storage)
@@ -189,7 +187,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
 
     def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
         """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
-        self._write_held()
+        self._write(self.backlog.take())
         input_ids = self._prefill_inputs(step)
         features = None
         if isinstance(self.network, EagleHead):

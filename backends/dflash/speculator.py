@@ -213,9 +213,7 @@ class DFlashSpeculator(DraftCacheOwner):
             if current_mode() is not Mode.OFF:
                 empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
                 ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
-            self.backlog.hold(context.committed_rows())
-            if self.backlog.full:
-                self._write(self.backlog.take())
+            self._write(self.backlog.hold(context.committed_rows()))
             return drafting, None, desc, tokens
 
         desc, across = pad_model_rows_for_dp(desc, state, m, q)

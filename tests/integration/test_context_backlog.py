@@ -112,30 +112,47 @@ def test_dropping_the_held_rows_changes_the_drafts(kind: str, monkeypatch: pytes
 
 def rows(slots: Sequence[int], start: float) -> ContextRows:
     n = len(slots)
-    return ContextRows((torch.arange(n) + start,), torch.arange(n), tuple(slots))
+    return ContextRows((torch.arange(n, dtype=torch.float32) + start,), torch.arange(n), tuple(slots))
 
 
 def test_a_backlog_writes_in_order_and_keeps_each_slots_latest_row() -> None:
     backlog = ContextBacklog(max_rows=6)
-    backlog.hold(rows([3, 4], 0.0))
-    backlog.hold(rows([], 50.0))
-    assert not backlog.full and backlog.rows == 2
-    backlog.hold(rows([4, 5, 3], 10.0))
-    assert backlog.full is False and backlog.rows == 5
+    assert backlog.hold(rows([3, 4], 0.0)) is None
+    assert backlog.hold(rows([], 50.0)) is None and backlog.rows == 2
+    assert backlog.hold(rows([4, 5, 3], 10.0)) is None and backlog.rows == 5
     merged = backlog.take(then=rows([5], 20.0))
     assert merged is not None and backlog.rows == 0 and backlog.take() is None
     assert merged.slots == (4, 3, 5)  # slot 4's and 3's later rows, then the newest row for 5
     assert merged.features[0].tolist() == [10.0, 12.0, 20.0]
-    backlog.hold(rows([1] * 6, 0.0))
-    assert backlog.full
 
 
-def test_context_rows_must_agree_on_their_count() -> None:
+def test_a_full_backlog_or_rows_that_do_not_fit_are_due_at_once() -> None:
+    backlog = ContextBacklog(max_rows=4)
+    assert backlog.hold(rows([1, 2, 3], 0.0)) is None
+    due = backlog.hold(rows([7, 8], 10.0))  # 5 rows do not fit in 4: everything, in order, is due now
+    assert due is not None and due.slots == (1, 2, 3, 7, 8) and due.features[0].tolist() == [0, 1, 2, 10, 11]
+    assert backlog.rows == 0
+    assert backlog.hold(rows([1, 2], 0.0)) is None
+    full = backlog.hold(rows([3, 4], 5.0))
+    assert full is not None and full.slots == (1, 2, 3, 4) and backlog.rows == 0
+
+
+def test_held_rows_are_copies_not_the_forwards_tensors() -> None:
+    """The features are the target's layer outputs: the backlog must not keep them alive (or see them change)."""
+    backlog = ContextBacklog(max_rows=8)
+    source = rows([1, 2], 0.0)
+    backlog.hold(source)
+    source.features[0].add_(100.0)
+    taken = backlog.take()
+    assert taken is not None and taken.features[0].tolist() == [0.0, 1.0]
+
+
+def test_context_rows_must_agree_on_their_count_and_layout() -> None:
     with pytest.raises(ValueError, match="disagree on their count: 2 slots, 3 positions"):
         ContextRows((torch.zeros(3),), torch.arange(3), (1, 2))
     backlog = ContextBacklog()
     backlog.hold(rows([1], 0.0))
-    with pytest.raises(ValueError, match="with 2 features after 1"):
-        backlog.hold(ContextRows((torch.zeros(1), torch.zeros(1)), torch.arange(1), (2,)))
+    with pytest.raises(ValueError, match="a drafter's held rows keep one layout"):
+        backlog.hold(ContextRows((torch.zeros(1, 2),), torch.arange(1), (2,)))
     with pytest.raises(ValueError, match="max_rows must be >= 1"):
         ContextBacklog(max_rows=0)
