@@ -56,6 +56,17 @@ class ContextRows:
     def slot_mapping(self) -> Int[Tensor, " rows"]:
         return torch.tensor(self.slots, dtype=torch.int64, device=self.positions.device)
 
+    def select(self, rows: Sequence[int]) -> ContextRows:
+        """These rows, in this order (``self`` when that is all of them in order)."""
+        if list(rows) == list(range(len(self.slots))):
+            return self
+        index = torch.tensor(list(rows), dtype=torch.int64, device=self.positions.device)
+        return ContextRows(
+            tuple(f.index_select(0, index) for f in self.features),
+            self.positions.index_select(0, index),
+            tuple(self.slots[i] for i in rows),
+        )
+
 
 class ContextBacklog:
     """Context rows held in the order their steps planned them, copied into buffers of ``max_rows`` rows.
@@ -140,15 +151,7 @@ class ContextBacklog:
 def latest_per_slot(rows: ContextRows) -> ContextRows:
     """``rows`` without the earlier rows of any slot that a later row writes again."""
     last = {slot: i for i, slot in enumerate(rows.slots)}
-    if len(last) == len(rows.slots):
-        return rows
-    keep = sorted(last.values())
-    index = torch.tensor(keep, dtype=torch.int64, device=rows.positions.device)
-    return ContextRows(
-        features=tuple(f.index_select(0, index) for f in rows.features),
-        positions=rows.positions.index_select(0, index),
-        slots=tuple(rows.slots[i] for i in keep),
-    )
+    return rows.select(sorted(last.values()))
 
 
 def committed_slots(step: TargetStep, cache: KVCacheManager) -> list[int]:
@@ -166,15 +169,8 @@ def committed_slots(step: TargetStep, cache: KVCacheManager) -> list[int]:
 
 def rows_with_slots(features: Sequence[Tensor], positions: Int[Tensor, " rows"], slots: Sequence[int]) -> ContextRows:
     """The model rows whose slot is not ``PAD_SLOT_ID``: the ones a context write keeps."""
-    rows = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID]
-    if len(rows) == len(slots):
-        return ContextRows(tuple(features), positions, tuple(slots))
-    index = torch.tensor(rows, dtype=torch.int64, device=positions.device)
-    return ContextRows(
-        tuple(f.index_select(0, index) for f in features),
-        positions.index_select(0, index),
-        tuple(slots[i] for i in rows),
-    )
+    every = ContextRows(tuple(features), positions, tuple(slots))
+    return every.select([i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID])
 
 
 __all__ = ["MAX_HELD_ROWS", "ContextBacklog", "ContextRows", "committed_slots", "latest_per_slot", "rows_with_slots"]

@@ -115,7 +115,7 @@ class StepCostModel:
         if not _identifiable(samples):
             return self.fitted
         knees = bend_candidates([s.rows for s in samples])
-        fit = _fit(samples, knees)
+        fit, used = _fit(samples, knees), samples
         # One slow step must not set the cost for the next 256: the first step of a new row count pays one-time
         # costs (oneDNN compiles a kernel per shape: ~300 ms against a ~80 ms step), and a shared machine stalls.
         residual = [s.seconds - fit.seconds(s.rows, s.max_draft) for s in samples]
@@ -124,10 +124,10 @@ class StepCostModel:
         # The outliers go only if what is left still pins every coefficient: without its plain steps, say, the
         # proposal's indicator equals the constant, and the solver may put the whole cost there (plain steps free).
         if len(kept) < len(samples) and len(kept) >= len(FEATURES) + len(knees) and _identifiable(kept):
-            fit = _fit(kept, knees)
+            fit, used = _fit(kept, knees), kept
         if not fit.seconds(1, 0) > 0.0:
             # A negative base with steep rows can price a small plain step at nothing: then no free base.
-            fit = _fit(kept if _identifiable(kept) else samples, knees, free_base=False)
+            fit = _fit(used, knees, free_base=False)
         if fit.seconds(1, 0) > 0.0:
             self.fitted = fit
         return self.fitted

@@ -93,9 +93,8 @@ class EagleHead(nn.Module):
         x = self.input_proj(torch.cat([self.target.embed(input_ids), features], dim=-1))
         if scored_rows is None:
             h = self.layer(x, positions, meta, kv, dp_group, num_tokens_across_dp)
-            return DraftOutput(h, self.head_logits(self.norm(h)))
-        # One layer: nothing reads its output at rows it does not score, only their K/V (later queries attend them).
-        h = self.layer.forward_rows(x, positions, meta, kv, scored_rows, dp_group, num_tokens_across_dp)
+        else:  # one layer: nothing reads its output at rows it does not score, only their K/V (later queries do)
+            h = self.layer.forward_rows(x, positions, meta, kv, scored_rows, dp_group, num_tokens_across_dp)
         return DraftOutput(h, self.head_logits(self.norm(h)))
 
     def write_context(

@@ -166,33 +166,28 @@ class AutoregressiveSpeculator(DraftCacheOwner):
             ids, *aux = rows.features
             self.network.write_context(ids, rows.positions, aux, rows.slot_mapping(), self.storage)
 
-    def _prefill_facts(
-        self, step: TargetStep, input_ids: Int[Tensor, " num_tokens"], features: Tensor | None
-    ) -> BatchFacts:
-        device = step.input_ids.device
-        meta = build_target_metadata(list(step.scheduled), step.desc, self.kv, device=device)
+    def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
+        """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
+        self._write(self.backlog.take())
+        kv, device = self.kv, step.input_ids.device
+        meta = build_target_metadata(list(step.scheduled), step.desc, kv, device=device)
+        input_ids = self._prefill_inputs(step)
+        features = None
+        if isinstance(self.network, EagleHead):
+            features = self.network.fuse_aux(step.output.aux_hidden_states)
         rows_padded = step.desc.num_reqs_padded(step.num_reqs)
-        return BatchFacts(
+        facts = BatchFacts(
             desc=step.desc,
             num_reqs=step.num_reqs,
             num_tokens=step.num_tokens,
             meta=meta,
             input_ids=input_ids,
             positions=step.positions,
-            block_size=self.kv.block_size,
+            block_size=kv.block_size,
             hidden_states=features,
             target_desc=step.desc,
             last_token_indices=padded_rows(step.last_valid, rows_padded, device),
         )
-
-    def _prefill(self, step: TargetStep, ctx: DraftContext, scored_rows: tuple[int, ...]) -> DraftOutput:
-        """Draft prefill over the target's padded batch (AR-1, AR-2), written where the engine opened the cache."""
-        self._write(self.backlog.take())
-        input_ids = self._prefill_inputs(step)
-        features = None
-        if isinstance(self.network, EagleHead):
-            features = self.network.fuse_aux(step.output.aux_hidden_states)
-        facts = self._prefill_facts(step, input_ids, features)
         out = ctx.forward(
             self.network,
             StepKind.DRAFT_PREFILL,

@@ -58,13 +58,17 @@ def write_kv(
     ``buffer_rows`` is ``kv.write_rows(meta.slot_mapping)``, when a forward
     computed it once for all its layers.
     """
-    rows = key.shape[0]
+    check_slot_mapping(meta, key.shape[0])
+    kv.write(layer, meta.slot_mapping, key, value, buffer_rows=buffer_rows)
+
+
+def check_slot_mapping(meta: AttentionMetadata, rows: int) -> None:
+    """A KV write covers every model row: ``meta.slot_mapping`` must have ``rows`` entries (the kernel's check)."""
     if meta.slot_mapping.dim() != 1 or meta.slot_mapping.shape[0] != rows:
         raise ValueError(
             f"slot_mapping has {tuple(meta.slot_mapping.shape)} entries but the model runs {rows} rows; the KV write "
             "covers every model row (padded rows hold PAD_SLOT_ID), so slot_mapping must have desc.num_tokens entries"
         )
-    kv.write(layer, meta.slot_mapping, key, value, buffer_rows=buffer_rows)
 
 
 def query_rows_metadata(meta: AttentionMetadata, rows: Sequence[int]) -> AttentionMetadata:

@@ -25,7 +25,14 @@ from torch import Tensor, nn
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.nn.attention import AttentionPlan, host_query_start_loc, paged_attention, query_rows_metadata, write_kv
+from specdec.nn.attention import (
+    AttentionPlan,
+    check_slot_mapping,
+    host_query_start_loc,
+    paged_attention,
+    query_rows_metadata,
+    write_kv,
+)
 from specdec.nn.config import ModelConfig
 from specdec.nn.indexer import SparseIndexer
 from specdec.nn.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
@@ -117,9 +124,9 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(config.num_heads * config.head_dim, hidden, init, f"{name}.o_proj")
         self.qkv = PackedLinear()
         """``q_proj``, ``k_proj`` and ``v_proj`` packed as one matrix (one matmul on the packed path)."""
-        self.kv = PackedLinear()
-        """``k_proj`` and ``v_proj`` alone, for ``forward_rows`` (packed on first use or by ``prepare_packed``)."""
-        self.q = PackedLinear()
+        self.kv_packed = PackedLinear()
+        """``k_proj`` and ``v_proj`` alone, for ``cache_kv`` (packed on first use or by ``prepare_packed``)."""
+        self.q_packed = PackedLinear()
         """``q_proj`` alone, for ``forward_rows``."""
         self.indexer = (
             SparseIndexer(config.indexer, hidden, kv_width, init, f"{name}.indexer")
@@ -133,8 +140,8 @@ class SelfAttention(nn.Module):
         self.qkv.prepare((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
         self.o_proj.prepare_packed()
         if rows_path:
-            self.kv.prepare((self.k_proj.weight, self.v_proj.weight))
-            self.q.prepare((self.q_proj.weight,))
+            self.kv_packed.prepare((self.k_proj.weight, self.v_proj.weight))
+            self.q_packed.prepare((self.q_proj.weight,))
 
     def project(
         self,
@@ -201,7 +208,7 @@ class SelfAttention(nn.Module):
     ) -> tuple[Float[Tensor, "rows 1 head_dim"], Float[Tensor, "rows 1 head_dim"]]:
         """Write the rows' K/V at ``slot_mapping`` and nothing else; returns the RoPE tables of ``positions``."""
         n = h.shape[0]
-        k, v = self.kv.run(h, (self.k_proj.weight, self.v_proj.weight))
+        k, v = self.kv_packed.run(h, (self.k_proj.weight, self.v_proj.weight))
         cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, k.dtype)
         k = rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         kv.write(self.layer, slot_mapping, k, v.view(n, self.num_kv_heads, self.head_dim))
@@ -223,13 +230,12 @@ class SelfAttention(nn.Module):
         """
         if self.indexer is not None:
             raise ValueError("forward_rows attends densely; a layer with a sparse indexer runs forward")
-        if meta.slot_mapping.dim() != 1 or meta.slot_mapping.shape[0] != h.shape[0]:
-            write_kv(kv, self.layer, meta, h, h)  # raises the kernel's message for a slot mapping of the wrong size
+        check_slot_mapping(meta, h.shape[0])
         cos, sin = self.cache_kv(h, positions, meta.slot_mapping, kv)
         if not rows:
             return h.new_zeros((0, self.o_proj.weight.shape[0]))
         index = torch.tensor(list(rows), dtype=torch.int64, device=h.device)
-        (q,) = self.q.run(h.index_select(0, index), (self.q_proj.weight,))
+        (q,) = self.q_packed.run(h.index_select(0, index), (self.q_proj.weight,))
         q = rotate(q.view(len(rows), self.num_heads, self.head_dim), cos[index], sin[index])
         # Rows past the real requests' queries (graph or DP padding) attend to nothing, as in ``forward``.
         owned = host_query_start_loc(meta)[meta.num_reqs]
