@@ -6,6 +6,12 @@ decoding, K + 1 verify rows for a backend), the drafter's proposal and the
 rest of the engine (scheduling, verification, bookkeeping). Rounds alternate
 the runner order like the bench. The break-even tau of a backend is its step
 time over plain decoding's: a drafter below it makes decoding slower.
+
+Each backend can run under several draft lengths side by side: ``fixed`` (K
+drafts every step, the cost of drafting), ``adaptive`` (the engine's policy,
+what ``specdec bench`` measures) and ``idle`` (a policy that never drafts, so
+every step is a plain step plus whatever the drafter does to keep up: the
+floor of the adaptive policy's cost where drafting does not pay).
 """
 
 from __future__ import annotations
@@ -13,16 +19,54 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from specdec.bench.options import DEFAULT_BACKENDS
+from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
 
 PLAIN = "plain"
+DRAFT_LENGTHS = ("fixed", "adaptive", "idle")
+
+
+class DraftNothing(DraftLengthPolicy):
+    """The ``idle`` draft length: every request at 0 drafts on every step, probes included.
+
+    What is left of a backend's step time over plain decoding's is the price of
+    having it there at all, which the adaptive policy pays wherever drafting
+    does not pay.
+    """
+
+    def choose(
+        self,
+        req_ids: Sequence[str],
+        *,
+        base_rows: int,
+        remaining: Mapping[str, int] | None = None,
+        draining: bool = False,
+    ) -> dict[str, int]:
+        del base_rows, remaining, draining
+        self.decisions += 1
+        return dict.fromkeys(req_ids, 0)
+
+
+def draft_policy(draft_length: str, num_spec_tokens: int) -> DraftLengthPolicy | None:
+    """The policy a runner keeps over all its runs (``None``: a fixed K), as a server keeps one across requests."""
+    if draft_length == "fixed":
+        return None
+    if draft_length == "adaptive":
+        return DraftLengthPolicy(num_spec_tokens)
+    if draft_length == "idle":
+        return DraftNothing(num_spec_tokens)
+    raise ValueError(f"draft length must be one of {', '.join(DRAFT_LENGTHS)}, got {draft_length!r}")
+
+
+def runner_name(backend: str, draft_length: str) -> str:
+    return backend if draft_length == "fixed" else f"{backend}/{draft_length}"
 
 
 @dataclass
@@ -50,12 +94,28 @@ class RunnerPhases:
         return statistics.median(1000 * getattr(r, attr) / r.steps for r in self.rounds)
 
     @property
-    def tau(self) -> float:
-        return self.rounds[0].speculation.acceptance_length
+    def speculation(self) -> SpeculationCounters:
+        """The counts of every round together (an adaptive policy's choices differ between rounds)."""
+        total = SpeculationCounters()
+        for r in self.rounds:
+            total.add(r.speculation)
+        return total
 
     @property
     def tokens_per_s(self) -> float:
         return statistics.median(r.tokens / r.wall for r in self.rounds)
+
+    def speedup_over(self, plain: RunnerPhases) -> float:
+        """Median over rounds of tokens/s against plain decoding's in the same round."""
+        if len(self.rounds) != len(plain.rounds):
+            raise ValueError(f"{self.name} ran {len(self.rounds)} rounds, {plain.name} {len(plain.rounds)}")
+        return statistics.median(
+            (r.tokens / r.wall) / (p.tokens / p.wall) for r, p in zip(self.rounds, plain.rounds, strict=True)
+        )
+
+    @property
+    def drafts_per_step(self) -> float:
+        return self.speculation.drafted / sum(r.steps for r in self.rounds)
 
 
 def timed(fn: Callable[..., Any], times: PhaseTimes, attr: str) -> Callable[..., Any]:
@@ -80,11 +140,14 @@ def run_phases(
     stop_token_ids: Sequence[int],
     batch_size: int = 1,
     temperature: float = 0.0,
+    policy: DraftLengthPolicy | None = None,
 ) -> PhaseTimes:
     """Decoding of the prompts in batches of ``batch_size`` (1: each alone), prefill included, phases timed.
 
     Sampled runs (``temperature`` above 0) seed each request by its index, so
-    every runner and round draws from the same generators.
+    every runner and round draws from the same generators. ``policy``: the
+    adaptive draft length's policy, continued by every batch's engine (``None``:
+    K drafts every step).
     """
     from specdec.bench.runner import batch_engine
     from specdec.sampling import SamplingParams
@@ -99,7 +162,7 @@ def run_phases(
             speculator = make_speculator()
             if speculator is not None:
                 speculator.propose = timed(speculator.propose, times, "propose")
-            engine = batch_engine(target, [len(p) for p in batch], max_tokens, speculator, seed=0)
+            engine = batch_engine(target, [len(p) for p in batch], max_tokens, speculator, seed=0, draft_policy=policy)
             requests = [
                 engine.add_request(
                     str(first + i),
@@ -128,37 +191,52 @@ def run_phases(
 
 
 def report(runners: Sequence[RunnerPhases]) -> str:
-    """A markdown table: ms per step by phase, tau, tokens/s, and the step cost relative to plain (break-even tau)."""
+    """A markdown table: ms per step by phase, drafts, tau, tokens/s against plain's, and the break-even tau."""
     plain = next(r for r in runners if r.name == PLAIN)
     base = plain.per_step_ms("wall")
     lines = [
-        "| runner | ms per step | target forward | proposal | engine rest | tau | tokens/s | break-even tau |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| runner | ms per step | target forward | proposal | engine rest | drafts per step | tau | tokens/s "
+        "| vs plain | break-even tau |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runners:
         wall = r.per_step_ms("wall")
-        tau = "-" if r.name == PLAIN else f"{r.tau:.2f}"
-        even = "-" if r.name == PLAIN else f"{wall / base:.2f}"
-        propose = "-" if r.name == PLAIN else f"{r.per_step_ms('propose'):.1f}"
+        if r.name == PLAIN:
+            propose = drafts = tau = even = "-"
+        else:
+            propose, drafts = f"{r.per_step_ms('propose'):.1f}", f"{r.drafts_per_step:.2f}"
+            tau = f"{r.speculation.acceptance_length:.2f}" if r.speculation.drafted else "-"
+            even = f"{wall / base:.2f}"
         lines.append(
             f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {propose} | {r.per_step_ms('rest'):.1f} "
-            f"| {tau} | {r.tokens_per_s:.1f} | {even} |"
+            f"| {drafts} | {tau} | {r.tokens_per_s:.1f} | {r.speedup_over(plain):.3f} | {even} |"
         )
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.bench.suites import SUITES
-    from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, positive_int
+    from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, list_of, positive_int
 
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
     add_backends_option(p, f"backends {LIST_HELP}; plain is always run (default: {','.join(DEFAULT_BACKENDS)})")
     p.add_argument("--suite", default="humaneval", choices=SUITES, help="prompt suite (default: humaneval)")
     p.add_argument(
-        "--prompts", type=positive_int, default=4, help="the suite's first bench prompts, each alone (default: 4)"
+        "--prompts",
+        type=positive_int,
+        default=4,
+        help="the suite's first bench prompts, decoded in batches of --batch-size (default: 4)",
     )
     p.add_argument("-k", "--num-spec-tokens", type=positive_int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default: 64)")
+    p.add_argument(
+        "--draft-length",
+        dest="draft_lengths",
+        action="extend",
+        type=list_of(choices=DRAFT_LENGTHS),
+        help=f"each backend runs under each of these {LIST_HELP}: fixed (K every step), adaptive (the engine's "
+        "policy, as in bench), idle (never drafts: what an idle drafter costs) (default: fixed)",
+    )
     p.add_argument(
         "--rounds",
         type=positive_int,
@@ -205,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
-    names = [PLAIN, *backends]
+    lengths = list(dict.fromkeys(args.draft_lengths or ["fixed"]))
 
     def factory(name: str) -> Callable[[], Any]:
         if name == PLAIN:
@@ -217,24 +295,33 @@ def run(args: argparse.Namespace) -> int:
             options["full_vocab"] = True
         return lambda: create(name, target, **options)
 
+    setups = {PLAIN: (factory(PLAIN), None)} | {
+        runner_name(b, length): (factory(b), draft_policy(length, args.num_spec_tokens))
+        for b in backends
+        for length in lengths
+    }
+    names = list(setups)
     runners = {n: RunnerPhases(n) for n in names}
     for i in range(args.rounds):
         for name in names if i % 2 == 0 else names[::-1]:
+            make, policy = setups[name]
             runners[name].rounds.append(
                 run_phases(
                     target,
                     prompts,
-                    factory(name),
+                    make,
                     max_tokens=args.max_tokens,
                     stop_token_ids=tokenizer.stop_token_ids,
                     batch_size=args.batch_size,
                     temperature=args.temperature,
+                    policy=policy,
                 )
             )
     print(
         f"{args.model} in {args.dtype}, {torch.get_num_threads()} thread(s), {args.suite} x {len(prompts)} prompts "
         f"{'alone' if args.batch_size == 1 else f'in batches of {args.batch_size}'}, "
-        f"{'greedy' if args.temperature == 0 else f'T = {args.temperature:g}'}, K = {args.num_spec_tokens}, "
+        f"{'greedy' if args.temperature == 0 else f'T = {args.temperature:g}'}, K = {args.num_spec_tokens} "
+        f"({', '.join(lengths)}), "
         f"{args.max_tokens} tokens at most; medians of {args.rounds} rounds; break-even tau = step time / plain "
         "step time"
     )

@@ -353,7 +353,7 @@ COMMANDS: dict[str, Command] = {
         _bench_arguments,
     ),
     "bench-phases": Command(
-        "split each runner's step time into target forward, proposal and engine rest (batch 1)",
+        "split each runner's step time into target forward, proposal and engine rest, per draft length",
         "Split each runner's step time into target forward, proposal and engine host work, and print the "
         "break-even tau.",
         _bench_phases_arguments,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.backend_registry import create
-from specdec.bench.phases import PhaseTimes, RunnerPhases, report, run_phases
+from specdec.bench.phases import DraftNothing, PhaseTimes, RunnerPhases, draft_policy, report, run_phases
+from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
@@ -58,7 +59,38 @@ def test_report_gives_the_break_even_tau() -> None:
             )
         ],
     )
+    spec.rounds[0].speculation.drafted = 15
     table = report([plain, spec]).splitlines()
-    assert table[2] == "| plain | 20.0 | 15.0 | - | 5.0 | - | 50.0 | - |"
-    assert table[3] == "| x | 30.0 | 20.0 | 6.0 | 4.0 | 2.00 | 66.7 | 1.50 |"
+    assert table[2] == "| plain | 20.0 | 15.0 | - | 5.0 | - | - | 50.0 | 1.000 | - |"
+    assert table[3] == "| x | 30.0 | 20.0 | 6.0 | 4.0 | 3.00 | 2.00 | 66.7 | 1.333 | 1.50 |"
     assert spec.per_step_ms("rest") == pytest.approx(4.0)
+
+
+def test_speedup_is_the_median_of_same_round_ratios() -> None:
+    plain = RunnerPhases("plain", [PhaseTimes(steps=1, wall=w, tokens=10) for w in (1.0, 2.0, 4.0)])
+    spec = RunnerPhases("x", [PhaseTimes(steps=1, wall=w, tokens=10) for w in (0.5, 2.0, 2.0)])
+    # Ratios 2.0, 1.0, 2.0 round by round; the ratio of the two medians of tokens/s would be 5.0 / 5.0.
+    assert spec.speedup_over(plain) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="x ran 2 rounds, plain 3"):
+        RunnerPhases("x", spec.rounds[:2]).speedup_over(plain)
+
+
+def test_draft_lengths_idle_drafts_nothing_and_adaptive_learns_across_runs() -> None:
+    target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0)
+    prompts = [[5, 9, 2], [1, 2, 3, 4], [7, 7], [3, 1, 4, 1, 5]]
+    make = lambda: create("dflash", target, num_spec_tokens=3)  # noqa: E731
+    plain = run_phases(target, prompts, lambda: None, max_tokens=6, stop_token_ids=(), batch_size=2)
+    idle = draft_policy("idle", 3)
+    assert isinstance(idle, DraftNothing)
+    quiet = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, policy=idle)
+    assert quiet.speculation.drafted == 0 and quiet.propose > 0  # the drafter still ran to keep its context
+    assert (quiet.steps, quiet.tokens) == (plain.steps, plain.tokens) and idle.decisions > 0
+    adaptive = draft_policy("adaptive", 3)
+    assert type(adaptive) is DraftLengthPolicy and draft_policy("fixed", 3) is None
+    first = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, policy=adaptive)
+    decisions = adaptive.decisions
+    assert first.speculation.drafted > 0 and decisions > 0
+    run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, policy=adaptive)
+    assert adaptive.decisions > decisions  # one policy continued by every engine, as a server keeps it
+    with pytest.raises(ValueError, match="draft length must be one of fixed, adaptive, idle, got 'often'"):
+        draft_policy("often", 3)

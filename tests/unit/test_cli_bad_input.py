@@ -80,6 +80,7 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["bench-phases", "--suite", "nosuch"], "invalid choice: 'nosuch'"),
         (["bench-phases", "--prompts", "0"], "--prompts: 0 is out of range"),
         (["bench-phases", "--model", "nosuch"], "unknown model 'nosuch'"),
+        (["bench-phases", "--draft-length", "fixed,often"], "unknown 'often'; expected some of fixed, adaptive, idle"),
     ],
     "bench-decode": [
         (["bench-decode", "--dtypes", "float16"], "--dtypes: unknown 'float16'; expected some of float32"),
