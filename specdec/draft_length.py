@@ -18,7 +18,7 @@ drafts the policy chose actually fared against what it expected of them
 favours estimates that came out high by chance, and the estimates' prior
 lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
-too low can recover.
+too low can recover; new requests join the probe schedule the pool is on.
 
 What a step's tokens are worth depends on whether anyone waits for a slot. With
 requests waiting, a request that finishes early frees its slot for the next,
@@ -322,6 +322,10 @@ class DraftLengthPolicy:
         """Decisions at 0 drafts before a request's next probe: ``probe_every``, doubled per rejected probe."""
         self._probing: set[str] = set()
         """Requests whose last decision was a probe, until its verification is recorded."""
+        self._pool_wait = probe_every
+        """The probe wait a new request starts with: the latest one a probe left, ``probe_every`` once drafting pays."""
+        self._pool_idle = 0
+        """Decisions since any request drafted or probed: a new request's idle count starts here."""
         self._baseline_left = 0
         """Decisions still to draft nothing so that plain decoding's step is measured again (``BASELINE_EVERY``)."""
 
@@ -374,15 +378,20 @@ class DraftLengthPolicy:
         for rid in req_ids:
             if lengths[rid]:
                 self._idle[rid] = 0
-                self._probe_wait.pop(rid, None)  # drafting pays: the next idle spell probes after probe_every
+                self._probe_wait[rid] = self._pool_wait = self.probe_every  # drafting pays: no backoff any more
             else:
-                idle = self._idle.get(rid, 0) + 1
+                # A new request joins the pool's probe clock with the pool's wait: what the probes of the requests
+                # before it found holds for it until its own probe says otherwise. Otherwise every new request
+                # would probe after probe_every, and a stream of short requests would probe on every few steps
+                # where drafting never pays (sampling at T = 1, open chat).
+                idle = self._idle.get(rid, self._pool_idle) + 1
                 self._idle[rid] = idle
-                if idle >= self._probe_wait.get(rid, self.probe_every):
+                if idle >= self._probe_wait.setdefault(rid, self._pool_wait):
                     lengths[rid], self._idle[rid] = 1, 0
                     self._probing.add(rid)
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
+        self._pool_idle = 0 if any(lengths.values()) else self._pool_idle + 1
         return lengths
 
     def _baseline_is_stale(self) -> bool:
@@ -401,7 +410,7 @@ class DraftLengthPolicy:
         if req_id in self._probing and num_drafts:
             self._probing.discard(req_id)
             wait = self._probe_wait.get(req_id, self.probe_every)
-            self._probe_wait[req_id] = min(2 * wait, self.probe_every * self.probe_backoff)
+            self._probe_wait[req_id] = self._pool_wait = min(2 * wait, self.probe_every * self.probe_backoff)
 
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)

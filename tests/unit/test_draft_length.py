@@ -292,10 +292,38 @@ def test_probes_back_off_until_drafting_pays_again() -> None:
         DraftLengthPolicy(4, probe_backoff=0)
 
 
+def test_new_requests_join_the_pools_probe_clock_and_its_backed_off_wait() -> None:
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE)
+    for _ in range(30):
+        policy.record_verification("old", 1, 0)  # nothing pays
+    probes = []
+    for decision in range(1, 31):
+        rid = f"short{decision}"  # a stream of requests that each live one decision
+        if policy.choose([rid], base_rows=1)[rid]:
+            probes.append(decision)
+            policy.record_verification(rid, 1, 0)
+        policy.forget(rid)
+    # None of them lives to its own probe, yet the pool keeps probing, backing off as one request would.
+    assert probes == [2, 6, 14, 22, 30]
+    # A request that arrives mid-wait probes with the one already waiting, not probe_every after its arrival.
+    assert policy.choose(["a"], base_rows=1) == {"a": 0}
+    for _ in range(6):
+        assert policy.choose(["a", "b"], base_rows=1) == {"a": 0, "b": 0}
+    assert policy.choose(["a", "b"], base_rows=1) == {"a": 1, "b": 1}  # the pool's wait of 8 since its last probe
+    for rid in ("a", "b"):
+        policy.record_verification(rid, 1, 0)
+    for _ in range(40):
+        policy.record_verification("old", 4, 4)  # drafting pays again
+    assert policy.choose(["a"], base_rows=1)["a"] > 0
+    for _ in range(400):
+        policy.record_verification("old", 1, 0)  # and stops paying: new requests wait probe_every again
+    assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(2)] == [0, 1]
+
+
 def test_forecasts_that_keep_missing_are_discounted_until_drafting_stops() -> None:
     """A pool built on other requests says 0.8; these requests accept nothing. The misses, not the pool, stop it."""
     cost = StepCost(base=0.02, per_row=0.002, per_proposal=0.0, per_draft=0.0)  # one draft pays from a gain of 0.16
-    policy = DraftLengthPolicy(1, cost=cost)
+    policy = DraftLengthPolicy(1, cost=cost, probe_every=10_000)  # probes are another test's
     policy.acceptance = AcceptanceRates(1, pool_decay=1.0)
     for i in range(5000):
         policy.acceptance.record(f"old{i % 50}", 1, 1 if i % 5 else 0)
