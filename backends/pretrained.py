@@ -83,8 +83,9 @@ def write_card(weights: Path) -> Path:
     """Write the model card of a drafter file: what it is for, its size and its sha256.
 
     A trained file's card also repeats how it was made, from its metadata: the
-    exact command (files named relative to where it ran, never by machine
-    path), the data and the training's wall time.
+    exact commands (training, then ``vocab`` where it was run; files named
+    relative to where they ran, never by machine path), the data and the
+    training's wall time.
     """
     meta = read_metadata(weights)
     card: dict[str, object] = {
@@ -96,6 +97,8 @@ def write_card(weights: Path) -> Path:
     }
     if "command" in meta:
         card["command"] = meta["command"]
+    if "vocab_command" in meta:  # run after the training command: the file's draft vocabulary
+        card["vocab_command"] = meta["vocab_command"]
     if "data" in meta:
         card["data"] = meta_json(meta, "data", weights)
     training = meta_json(meta, "training", weights) if "training" in meta else None

@@ -3,7 +3,7 @@
 The real-model tests run each shipped drafter (EAGLE head, DFlash, DSpark) on a
 prompt that is in none of the training data, greedy, K = 4: the output must
 equal plain greedy decoding token for token, and the acceptance length must
-clear a floor (1.2) above what the same network reaches with random weights
+clear a floor (1.6) above what the same network reaches with random weights
 (tau ~1.0). The tiny-target tests check the file format: a save/load round
 trip, and clear errors for a missing file or one trained for another target.
 """
@@ -28,8 +28,8 @@ from specdec.speculator import Speculator
 BACKENDS = ("eagle", "dflash", "dspark")
 HELD_OUT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and an example."
 MAX_TOKENS = 48
-TAU_FLOOR = 1.2
-"""Measured on this prompt: 1.52 (EAGLE), 1.42 (DFlash), 1.52 (DSpark); random weights give ~1.0 (docs/drafters.md)."""
+TAU_FLOOR = 1.6
+"""Measured on this prompt: 2.47 (EAGLE), 2.14 (DFlash), 2.47 (DSpark); random weights give ~1.0 (docs/drafters.md)."""
 
 
 def greedy(target: Transformer, prompt: list[int], speculator: Speculator | None) -> tuple[list[int], float]:
@@ -69,7 +69,8 @@ def test_shipped_files_are_small_and_describe_how_they_were_made(backend: str) -
     assert path.is_file(), f"{path} is not shipped"
     meta = read_metadata(path)
     assert meta["backend"] == backend and meta["model"] == SMOLLM2
-    assert meta["command"].startswith("python -m backends.training.cli") and " train " in meta["command"]
+    command = meta["command"]  # the older spelling of the same parser, or the one `specdec train` installs
+    assert command.startswith(("python -m backends.training.cli", "specdec train")) and " train " in command
     assert {"network", "training", "data"} <= set(meta)
 
 

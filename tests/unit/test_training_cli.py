@@ -69,6 +69,7 @@ def test_a_continued_run_records_its_start_and_ships_a_draft_vocabulary(
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     meta = read_metadata(first)
     assert json.loads(meta["training"])["draft_vocab"]["size"] == 6 and " vocab " in meta["vocab_command"]
+    assert json.loads(card_path(first).read_text(encoding="utf-8"))["vocab_command"] == meta["vocab_command"]
     for path in (first, second):  # files are named relative to the folder that holds them, never by machine path
         record = json.dumps(read_metadata(path)) + card_path(path).read_text(encoding="utf-8")
         assert str(tmp_path) not in record and str(Path.cwd()) not in record
