@@ -44,7 +44,7 @@ def test_the_callers_parse_alike() -> None:
 LIST_OPTIONS = {
     "generate": {"--backend"},
     "bench": {"--backend", "--suites", "--batch-sizes", "--temperatures"},
-    "bench-phases": {"--backend"},
+    "bench-phases": {"--backend", "--draft-length"},
     "bench-decode": {"--dtypes"},
     "matrix": {"--backend", "--families", "--tensor-modes"},
     "mutate": {"--mutants"},
