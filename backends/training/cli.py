@@ -23,6 +23,7 @@ import functools
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,29 +63,44 @@ def resident_memory() -> str:
         return ""
 
 
-def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
-    """Corpus windows and target continuations of the train-split prompts, as one batch of token windows."""
-    from backends.training.corpus import generated_chunks, greedy_continuations, text_chunks
-    from specdec.corpora import SUITES, code_instruction_prompts, prompt_suite, training_texts
+def prompt_sets(args: argparse.Namespace) -> list[tuple[str, tuple[Any, ...]]]:
+    """The prompts whose greedy answers ``features`` generates, by source; sources with no prompt left out."""
+    from specdec.corpora import SUITES, code_explanation_prompts, code_instruction_prompts, prompt_suite
 
-    stop = tokenizer.stop_token_ids
-    eos = tokenizer.eos_token_id
-    parts = text_chunks(
-        tokenizer,
-        training_texts(),
-        seq_len=args.seq_len,
-        per_group=args.text_per_group,
-        per_document=args.per_document,
-        seed=0,
-    )
-    for part in parts:
-        log(part.summary)
-    prompt_sets = [
+    sets = [
         (f"{suite} (train split)", prompt_suite(suite, split="train")[: args.prompts_per_suite]) for suite in SUITES
     ]
     if args.code_prompts:
-        prompt_sets.append(("stdlib code prompts", code_instruction_prompts(limit=args.code_prompts)))
-    for name, prompts in prompt_sets:
+        skip = args.code_skip
+        code = code_instruction_prompts(limit=skip + args.code_prompts)[skip:]
+        sets.append(("stdlib code prompts" + (f" from #{skip}" if skip else ""), code))
+    if args.explain_prompts:
+        sets.append(("stdlib explain prompts", code_explanation_prompts(limit=args.explain_prompts)))
+    return [(name, prompts) for name, prompts in sets if prompts]
+
+
+def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
+    """Corpus windows and target continuations of the train-split prompts, as one batch of token windows."""
+    from backends.training.corpus import generated_chunks, greedy_continuations, text_chunks
+    from specdec.corpora import training_texts
+
+    stop = tokenizer.stop_token_ids
+    eos = tokenizer.eos_token_id
+    parts = (
+        text_chunks(
+            tokenizer,
+            training_texts(),
+            seq_len=args.seq_len,
+            per_group=args.text_per_group,
+            per_document=args.per_document,
+            seed=0,
+        )
+        if args.text_per_group
+        else []  # a stage's new data may be answers only
+    )
+    for part in parts:
+        log(part.summary)
+    for name, prompts in prompt_sets(args):
         ids = [
             tokenizer.encode_chat([{"role": "user", "content": p.text}]) if p.chat else tokenizer.encode(p.text)
             for p in prompts
@@ -107,8 +123,15 @@ def build_windows(args: argparse.Namespace, target: Any, tokenizer: Any) -> tupl
 def cmd_features(args: argparse.Namespace) -> int:
     import contracts
     from backends.training.data import target_features
+    from specdec.cli.errors import UsageError
     from specdec.hub import load
 
+    sources = (args.text_per_group, args.prompts_per_suite != 0, args.code_prompts, args.explain_prompts)
+    if not any(sources) and not args.reuse_tokens:
+        raise UsageError(
+            "no windows to build: --text-per-group, --prompts-per-suite, --code-prompts and --explain-prompts "
+            "are all 0; expected at least one source"
+        )
     contracts.set_mode("off")
     start = time.perf_counter()
     target, tokenizer = load(args.model, dtype=DTYPES[args.dtype])
@@ -146,11 +169,30 @@ def command_line(args: argparse.Namespace) -> str:
     return recorded(args.prog, args.argv)
 
 
-def load_features(path: str) -> tuple[str, list[str], Any]:
+def features_model(paths: Sequence[str]) -> str:
+    """The model every feature file was computed with (read from the metadata alone, before any tensor)."""
+    from specdec.cli.errors import UsageError
+
+    models = {}
+    for path in paths:
+        with safe_open(path, framework="pt") as f:
+            models[path] = (f.metadata() or {}).get("model")
+    if None in models.values() or len(set(models.values())) != 1:
+        raise UsageError(f"--features files must all be feature files of one model; their models: {models}")
+    return str(next(iter(models.values())))
+
+
+def load_features(paths: Sequence[str], aux_layers: Sequence[int] | None = None) -> tuple[list[str], Any]:
+    """The files' windows as one set (each narrowed to ``aux_layers`` first, to hold less) and their summaries."""
     from backends.training.data import TargetFeatures
 
-    feats, meta = TargetFeatures.load(Path(path))
-    return meta["model"], list(json.loads(meta["summary"])), feats
+    parts, summary = [], []
+    for path in paths:
+        feats, meta = TargetFeatures.load(Path(path))
+        parts.append(feats if aux_layers is None else feats.select(aux_layers))
+        summary += list(json.loads(meta["summary"]))
+        del feats
+    return summary, TargetFeatures.concat(parts)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -171,10 +213,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         negatives=args.negatives,
     )
     torch.manual_seed(args.seed)
-    model, summary, feats = load_features(args.features)
+    model = features_model(args.features)
     target, _ = load(model)
     n = target.config.num_layers
     aux = spread_layers(n) if args.backend == "eagle" else spread_layers(n, count=5)
+    summary, feats = load_features(args.features, aux)
     init: dict[str, Any] | None = None
 
     def warm_start(modules: dict[str, torch.nn.Module]) -> None:
@@ -313,7 +356,8 @@ def train_checkpoint(args: argparse.Namespace) -> Any:
         return None
     path = Path(args.checkpoint) if args.checkpoint else Path(args.out).with_suffix(".checkpoint.safetensors")
     identity = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_THE_RUN and not callable(v)}
-    identity["features"] = Path(args.features).name
+    names = [Path(f).name for f in args.features]
+    identity["features"] = names[0] if len(names) == 1 else names
     if args.init is not None:
         identity["init"] = Path(args.init).name
     return TrainCheckpoint(path, every=args.checkpoint_every, identity=identity)
@@ -336,7 +380,8 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     meta = read_metadata(path)
-    model, _, feats = load_features(args.features)
+    model = features_model([args.features])
+    _, feats = load_features([args.features], aux_layers=())
     if meta.get("model") != model:
         raise ValueError(f"{path} is a drafter for {meta.get('model')!r}, the features are of {model!r}")
     target, _ = load(model)
@@ -398,14 +443,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--out", required=True)
     f.add_argument("--reuse-tokens", action="store_true", help="reuse OUT.tokens.safetensors windows of an earlier run")
     f.add_argument("--seq-len", type=int, default=256)
-    f.add_argument("--text-per-group", type=int, default=200, help="windows per corpus (stdlib, Shakespeare, ...)")
+    f.add_argument(
+        "--text-per-group", type=int_in(0), default=200, help="windows per corpus (stdlib, Shakespeare, ...; 0: none)"
+    )
     f.add_argument("--per-document", type=int, default=8, help="windows from one long document at most")
-    f.add_argument("--prompts-per-suite", type=int, default=None, help="train-split prompts per suite (default all)")
+    f.add_argument(
+        "--prompts-per-suite", type=int_in(0), default=None, help="train-split prompts per suite (default all; 0: none)"
+    )
     f.add_argument("--gen-tokens", type=int, default=256, help="greedy tokens generated per prompt at most")
     f.add_argument("--gen-limit", type=int, default=400, help="windows of generated text per suite at most")
     f.add_argument("--gen-batch", type=int, default=16)
     f.add_argument(
         "--code-prompts", type=int, default=0, help="also continue this many stdlib function prompts (HumanEval form)"
+    )
+    f.add_argument(
+        "--code-skip", type=int_in(0), default=0, help="start --code-prompts after this many (new data for a stage)"
+    )
+    f.add_argument(
+        "--explain-prompts",
+        type=int_in(0),
+        default=0,
+        help="also answer this many 'explain this stdlib function' chat prompts (prose chat data)",
     )
     f.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="target dtype (generation and features)")
     f.add_argument("--top-k", type=int, default=8, help="target probabilities kept per position (DSpark's TV)")
@@ -415,7 +473,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "drafter", aliases=["train"], help="train one drafter on a feature file and write its safetensors and card"
     )
     t.add_argument("--backend", choices=BACKENDS, required=True)
-    t.add_argument("--features", required=True)
+    t.add_argument(
+        "--features", required=True, action="append", help="a feature file; repeat it to train on several as one"
+    )
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--k", type=int, default=4, help="draft tokens the drafter is trained for")
@@ -475,8 +535,9 @@ def check_inputs(args: argparse.Namespace) -> None:
 
     for option in ("features", "file", "init"):
         value = getattr(args, option, None)
-        if value is not None and not Path(value).is_file():
-            raise UsageError(f"--{option} {value}: no such file")
+        for path in value if isinstance(value, list) else [value]:
+            if path is not None and not Path(path).is_file():
+                raise UsageError(f"--{option} {path}: no such file")
     weights = getattr(args, "weights", None)
     if weights not in (None, "random") and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file; expected 'random', a .safetensors path, or nothing")

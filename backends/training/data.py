@@ -77,6 +77,40 @@ class TargetFeatures:
         aux = tuple(self.aux[self.aux_layers.index(layer)] for layer in aux_layers)
         return TargetFeatures(self.tokens, tuple(aux_layers), aux, self.greedy_next, self.top_ids, self.top_probs)
 
+    @classmethod
+    def concat(cls, parts: Sequence[TargetFeatures]) -> TargetFeatures:
+        """Several feature files as one (a stage's new data next to the old), checked to be of one kind."""
+        if not parts:
+            raise ValueError("no features to concatenate")
+        first = parts[0]
+        for i, part in enumerate(parts[1:], start=1):
+            theirs = (
+                part.aux_layers,
+                part.tokens.shape[1],
+                part.top_ids.shape[2],
+                part.aux[0].dtype if part.aux else None,
+            )
+            ours = (
+                first.aux_layers,
+                first.tokens.shape[1],
+                first.top_ids.shape[2],
+                first.aux[0].dtype if first.aux else None,
+            )
+            if theirs != ours:
+                raise ValueError(
+                    f"features {i} has (aux layers, window length, top-k, aux dtype) {theirs}; the first has {ours}"
+                )
+        if len(parts) == 1:
+            return first
+        return cls(
+            tokens=torch.cat([p.tokens for p in parts]),
+            aux_layers=first.aux_layers,
+            aux=tuple(torch.cat([p.aux[i] for p in parts]) for i in range(len(first.aux))),
+            greedy_next=torch.cat([p.greedy_next for p in parts]),
+            top_ids=torch.cat([p.top_ids for p in parts]),
+            top_probs=torch.cat([p.top_probs for p in parts]),
+        )
+
     def save(self, path: Path, metadata: Mapping[str, str]) -> None:
         """A safetensors file (never a pickle): the tensors, plus ``aux_layers`` and the caller's metadata."""
         tensors = {

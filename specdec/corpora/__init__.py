@@ -4,7 +4,15 @@ See ``docs/benchmarks.md`` (suites) and ``docs/drafters.md`` (training data).
 """
 
 from specdec.corpora.sources import CORPORA, CorpusWheel, corpus_dir
-from specdec.corpora.suites import SUITES, Prompt, Split, code_instruction_prompts, prompt_suite, training_texts
+from specdec.corpora.suites import (
+    SUITES,
+    Prompt,
+    Split,
+    code_explanation_prompts,
+    code_instruction_prompts,
+    prompt_suite,
+    training_texts,
+)
 
 __all__ = [
     "CORPORA",
@@ -12,6 +20,7 @@ __all__ = [
     "CorpusWheel",
     "Prompt",
     "Split",
+    "code_explanation_prompts",
     "code_instruction_prompts",
     "corpus_dir",
     "prompt_suite",

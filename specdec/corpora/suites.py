@@ -9,6 +9,7 @@ when a cache is rebuilt.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gzip
 import json
 import sysconfig
@@ -111,6 +112,62 @@ def code_instruction_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
             if kept:
                 group.append(kept)
     return tuple((_interleave(functions) + _interleave(methods))[:limit])
+
+
+EXPLAIN_PROMPT = "Explain what this Python function does:\n\n```python\n{code}\n```"
+"""A chat instruction whose answer is prose about code: the chat data MT-Bench's 40 train questions cannot give."""
+EXPLAIN_MAX_LINES = 25
+
+
+def code_explanation_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
+    """Train-only chat prompts asking to explain a whole standard-library function (3-25 lines, docstring included).
+
+    The answers are the target's own prose: a drafter for general chat needs
+    far more of it than MT-Bench's train split has (40 questions), and
+    explaining code keeps the prompts real and plentiful. Public top-level
+    functions first, then public methods, interleaved across files as in
+    ``code_instruction_prompts``. None can be a bench prompt.
+    """
+    functions: list[list[Prompt]] = []
+    methods: list[list[Prompt]] = []
+    for source_id, text in _stdlib_sources():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        found = [_explain_prompt(source_id, lines, node) for node in tree.body]
+        in_classes = [
+            _explain_prompt(source_id, lines, method, owner=node.name)
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+            for method in node.body
+        ]
+        seen: dict[str, int] = {}
+        for group, prompts in ((functions, found), (methods, in_classes)):
+            kept = [_numbered(p, seen) for p in prompts if p is not None]
+            if kept:
+                group.append(kept)
+    return tuple((_interleave(functions) + _interleave(methods))[:limit])
+
+
+def _numbered(prompt: Prompt, seen: dict[str, int]) -> Prompt:
+    """The prompt, its id made unique in its file: a name defined twice (per platform, a property's setter) gets ``#2``."""
+    seen[prompt.id] = seen.get(prompt.id, 0) + 1
+    return prompt if seen[prompt.id] == 1 else dataclasses.replace(prompt, id=f"{prompt.id}#{seen[prompt.id]}")
+
+
+def _explain_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str | None = None) -> Prompt | None:
+    """The prompt for one public function of 3-25 lines (decorators left out): its whole source."""
+    if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.end_lineno is None:
+        return None
+    if not 3 <= node.end_lineno - node.lineno + 1 <= EXPLAIN_MAX_LINES:
+        return None
+    code = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.end_lineno])).rstrip()
+    if not code.startswith("def "):  # a line left of the method's indent: no clean dedent
+        return None
+    name = node.name if owner is None else f"{owner}.{node.name}"
+    return Prompt(id=f"explain:{source_id}:{name}", text=EXPLAIN_PROMPT.format(code=code), chat=True)
 
 
 def _code_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str | None = None) -> Prompt | None:

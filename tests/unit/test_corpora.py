@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from specdec.corpora import SUITES, code_instruction_prompts, corpus_dir, prompt_suite, training_texts
+from specdec.corpora import (
+    SUITES,
+    code_explanation_prompts,
+    code_instruction_prompts,
+    corpus_dir,
+    prompt_suite,
+    training_texts,
+)
 from specdec.corpora.sources import HUMANEVAL, MARKER
 from specdec.hub.errors import ChecksumError
 
@@ -64,6 +71,20 @@ def test_code_instruction_prompts_are_humaneval_shaped_stdlib_functions() -> Non
     assert is_method.index(True) > 500 and all(is_method[is_method.index(True) :])
     method = code[is_method.index(True)]
     assert method.startswith("def ") and "(self" in method.split("\n")[0]
+
+
+@pytest.mark.slow  # parses the standard library
+def test_code_explanation_prompts_ask_about_whole_short_stdlib_functions() -> None:
+    prompts = code_explanation_prompts()
+    assert len(prompts) > 3000
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.chat and p.id.startswith("explain:stdlib/") for p in prompts)
+    assert all(p.text.startswith("Explain what this Python function does:\n\n```python\ndef ") for p in prompts)
+    code = [p.text.split("```python\n")[1].removesuffix("\n```") for p in prompts]
+    assert all(3 <= c.count("\n") + 1 <= 25 for c in code)
+    assert not {p.text for p in prompts} & {p.text for suite in SUITES for p in prompt_suite(suite)}
+    first = code_explanation_prompts(limit=40)
+    assert first == prompts[:40] and len({p.id.split(":")[1] for p in first}) == 40  # spans 40 files
 
 
 def test_training_budget_is_respected_without_cutting_texts() -> None:

@@ -95,7 +95,7 @@ def test_the_cli_identifies_a_run_by_what_it_computes_not_where_it_writes() -> N
     def args(**changes: object) -> argparse.Namespace:
         base = {
             "backend": "dspark",
-            "features": "v4/feats.safetensors",
+            "features": ["v4/feats.safetensors"],
             "out": "v4/dspark.safetensors",
             "steps": 100,
             "lr": 1e-3,
@@ -112,6 +112,9 @@ def test_the_cli_identifies_a_run_by_what_it_computes_not_where_it_writes() -> N
     assert one.path == Path("v4/dspark.checkpoint.safetensors") and one.every == 50
     assert one.identity == train_checkpoint(args(out="elsewhere/x.safetensors", threads=2, log_every=1)).identity
     assert one.identity["features"] == "feats.safetensors"
+    both = train_checkpoint(args(features=["v4/feats.safetensors", "v7/more.safetensors"])).identity["features"]
+    assert both == ["feats.safetensors", "more.safetensors"]  # several files: a new stage's data is another run
+    assert both != train_checkpoint(args(features=["v7/more.safetensors", "v4/feats.safetensors"])).identity["features"]
     assert one.identity != train_checkpoint(args(lr=2e-3)).identity
     assert one.identity != train_checkpoint(args(steps=200)).identity
     assert train_checkpoint(args(checkpoint_every=0)) is None

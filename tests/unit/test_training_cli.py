@@ -10,6 +10,7 @@ and ``vocab`` must leave the weights untouched.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,49 @@ def test_init_from_a_file_of_another_backend_is_refused(tiny: tuple[Transformer,
     with pytest.raises(ValueError, match="does not fit"):
         main(["train", "--backend", "eagle", "--features", str(features), "--out", str(tmp_path / "e.safetensors"),
               "--steps", "2", "--batch-size", "2", "--init", str(first)])  # fmt: skip
+
+
+def test_several_feature_files_train_as_one_and_the_card_names_them_all(
+    tiny: tuple[Transformer, Path], tmp_path: Path
+) -> None:
+    target, features = tiny
+    more = tmp_path / "more.safetensors"
+    seqs = generate_sequences(target, 5, prompt_len=4, gen_len=12, seed=1)
+    extra = target_features(target, seqs, feature_layers(target.config.num_layers))
+    extra.save(more, {"model": "tiny", "summary": json.dumps(["more: 5 windows"])})
+    out = tmp_path / "both.safetensors"
+    train(features, out, "--features", str(more))
+    meta = read_metadata(out)
+    assert json.loads(meta["training"])["sequences"] == 12 + 5
+    assert json.loads(meta["data"]) == ["tiny: 12 windows", "more: 5 windows"]
+    assert re.search(r"--features feats\.safetensors .*--features more\.safetensors", meta["command"])
+
+    short = tmp_path / "short.safetensors"  # windows of another length cannot be batched with the others
+    target_features(target, seqs[:, :8], feature_layers(target.config.num_layers)).save(
+        short, {"model": "tiny", "summary": "[]"}
+    )
+    with pytest.raises(ValueError, match=r"features 1 has .*\(aux layers, window length.*16.*8"):
+        train(features, tmp_path / "x.safetensors", "--features", str(short))
+
+
+def test_features_sources_skip_and_explain_and_refuse_nothing(tmp_path: Path) -> None:
+    import argparse
+
+    from backends.training.cli import prompt_sets
+    from specdec.corpora import code_explanation_prompts, code_instruction_prompts
+
+    def args(**changes: object) -> argparse.Namespace:
+        base = {"prompts_per_suite": 0, "code_prompts": 0, "code_skip": 0, "explain_prompts": 0}
+        return argparse.Namespace(**{**base, **changes})
+
+    assert prompt_sets(args()) == []
+    skipped = prompt_sets(args(code_prompts=3, code_skip=5))
+    assert skipped == [("stdlib code prompts from #5", code_instruction_prompts(limit=8)[5:])]
+    assert prompt_sets(args(explain_prompts=2)) == [("stdlib explain prompts", code_explanation_prompts(limit=2))]
+    assert [name for name, _ in prompt_sets(args(prompts_per_suite=1))] == [
+        "humaneval (train split)",
+        "mtbench (train split)",
+        "shakespeare (train split)",
+    ]
+    nothing = ["features", "--model", "smollm2-135m-instruct", "--out", str(tmp_path / "f.safetensors")]
+    assert main([*nothing, "--text-per-group", "0", "--prompts-per-suite", "0"]) == 2
