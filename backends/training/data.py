@@ -41,6 +41,39 @@ def generate_sequences(
     return torch.stack(rows)
 
 
+class StackedRows:
+    """Tensors of equal trailing shape read as one along dim 0, without the copy ``torch.cat`` would make."""
+
+    def __init__(self, parts: Sequence[Tensor | StackedRows]) -> None:
+        flat: list[Tensor] = [t for p in parts for t in (p.parts if isinstance(p, StackedRows) else [p])]
+        if not flat or len({(tuple(t.shape[1:]), t.dtype, t.device) for t in flat}) != 1:
+            raise ValueError("StackedRows needs one or more tensors of one trailing shape, dtype and device")
+        self.parts: list[Tensor] = flat
+        self.starts = torch.tensor([0, *torch.tensor([len(t) for t in flat]).cumsum(0).tolist()])
+        self.shape = torch.Size((int(self.starts[-1]), *flat[0].shape[1:]))
+        self.dtype = flat[0].dtype
+        self.device = flat[0].device
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Int[Tensor, " n"]) -> Tensor:
+        """The rows at ``index`` (a 1-D integer tensor, any order, repeats allowed), gathered part by part."""
+        index = torch.as_tensor(index, dtype=torch.long).flatten()
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= len(self)):
+            raise IndexError(f"row index out of range for {len(self)} rows")
+        part = torch.searchsorted(self.starts, index, right=True) - 1
+        out = torch.empty((len(index), *self.shape[1:]), dtype=self.dtype, device=self.device)
+        for p in part.unique().tolist():
+            at = (part == p).nonzero().flatten()
+            out[at] = self.parts[p][index[at] - self.starts[p]]
+        return out
+
+    def contiguous(self) -> Tensor:
+        """Every row as one tensor (a copy)."""
+        return torch.cat(self.parts)
+
+
 @dataclass(frozen=True, eq=False)
 class TargetFeatures:
     """Per-position frozen target outputs of a batch of equal-length sequences, computed once before training.
@@ -52,8 +85,8 @@ class TargetFeatures:
 
     tokens: Int[Tensor, "num seq_len"]
     aux_layers: tuple[int, ...]
-    aux: tuple[Float[Tensor, "num seq_len hidden"], ...]
-    """Outputs of ``aux_layers`` (what inference injects), possibly stored in a narrower dtype."""
+    aux: tuple[Float[Tensor, "num seq_len hidden"] | StackedRows, ...]
+    """Outputs of ``aux_layers`` (what inference injects), possibly stored in a narrower dtype; read as ``aux[i][index]``."""
     greedy_next: Int[Tensor, "num seq_len"]
     """The target's own argmax next token at each position (the self-distillation label)."""
     top_ids: Int[Tensor, "num seq_len top"]
@@ -79,7 +112,12 @@ class TargetFeatures:
 
     @classmethod
     def concat(cls, parts: Sequence[TargetFeatures]) -> TargetFeatures:
-        """Several feature files as one (a stage's new data next to the old), checked to be of one kind."""
+        """Several feature files as one (a stage's new data next to the old), checked to be of one kind.
+
+        The small tensors are concatenated; the hidden states (GBs) stay in
+        their files' memory maps (``StackedRows``), which trainers running at
+        once share through the page cache instead of copying each.
+        """
         if not parts:
             raise ValueError("no features to concatenate")
         first = parts[0]
@@ -105,7 +143,7 @@ class TargetFeatures:
         return cls(
             tokens=torch.cat([p.tokens for p in parts]),
             aux_layers=first.aux_layers,
-            aux=tuple(torch.cat([p.aux[i] for p in parts]) for i in range(len(first.aux))),
+            aux=tuple(StackedRows([p.aux[i] for p in parts]) for i in range(len(first.aux))),
             greedy_next=torch.cat([p.greedy_next for p in parts]),
             top_ids=torch.cat([p.top_ids for p in parts]),
             top_probs=torch.cat([p.top_probs for p in parts]),
@@ -118,7 +156,7 @@ class TargetFeatures:
             "greedy_next": self.greedy_next,
             "top_ids": self.top_ids,
             "top_probs": self.top_probs,
-        } | {f"aux.{i}": a for i, a in enumerate(self.aux)}
+        } | {f"aux.{i}": a if isinstance(a, Tensor) else a.contiguous() for i, a in enumerate(self.aux)}
         meta = dict(metadata) | {"aux_layers": json.dumps(list(self.aux_layers))}
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jaxtyping import Int
 from torch import Tensor
 
@@ -251,3 +253,25 @@ def test_train_schedule_reports_every_bad_field_and_keeps_the_old_defaults() -> 
     assert TrainSchedule(steps=1) == TrainSchedule(
         steps=1, lr=3e-3, seed=0, batch_size=8, warmup=0, clip=None, autocast=None, keep_top=None, negatives=0
     )
+
+
+@given(
+    sizes=st.lists(st.integers(0, 5), min_size=1, max_size=4).filter(any),
+    picks=st.lists(st.integers(0, 10**6), min_size=0, max_size=12),
+)
+@settings(max_examples=60, deadline=None)
+def test_stacked_rows_read_as_the_concatenation(sizes: list[int], picks: list[int]) -> None:
+    from backends.training.data import StackedRows
+
+    parts = [torch.randn(n, 3, 2) for n in sizes]
+    whole = torch.cat(parts)
+    stacked = StackedRows(parts)
+    index = torch.tensor([p % len(whole) for p in picks], dtype=torch.long)
+    assert stacked.shape == whole.shape and len(stacked) == len(whole)
+    assert torch.equal(stacked[index], whole[index])
+    assert torch.equal(StackedRows([StackedRows(parts[:1]), *parts[1:]])[index], whole[index])
+    assert torch.equal(stacked.contiguous(), whole)
+    with pytest.raises(IndexError, match="out of range"):
+        stacked[torch.tensor([len(whole)])]
+    with pytest.raises(ValueError, match="one trailing shape"):
+        StackedRows([torch.zeros(1, 3, 2), torch.zeros(1, 2, 3)])

@@ -102,6 +102,15 @@ def test_several_feature_files_train_as_one_and_the_card_names_them_all(
     assert json.loads(meta["training"])["sequences"] == 12 + 5
     assert json.loads(meta["data"]) == ["tiny: 12 windows", "more: 5 windows"]
     assert re.search(r"--features feats\.safetensors .*--features more\.safetensors", meta["command"])
+    from backends.training.data import TargetFeatures
+
+    joined = tmp_path / "joined.safetensors"  # the same windows in one file train to the same weights, bit for bit
+    TargetFeatures.concat([TargetFeatures.load(p)[0] for p in (features, more)]).save(
+        joined, {"model": "tiny", "summary": "[]"}
+    )
+    train(joined, tmp_path / "one.safetensors")
+    one, two = load_file(str(tmp_path / "one.safetensors")), load_file(str(out))
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
     short = tmp_path / "short.safetensors"  # windows of another length cannot be batched with the others
     target_features(target, seqs[:, :8], feature_layers(target.config.num_layers)).save(
