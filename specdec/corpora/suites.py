@@ -14,6 +14,7 @@ import gzip
 import json
 import sysconfig
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -92,26 +93,7 @@ def code_instruction_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
     gives the same prompts as before methods were added). Nothing here can be
     a bench prompt: the bench suites are HumanEval, MT-Bench and Shakespeare.
     """
-    functions: list[list[Prompt]] = []
-    methods: list[list[Prompt]] = []
-    for source_id, text in _stdlib_sources():
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.splitlines()
-        found = [_code_prompt(source_id, lines, node) for node in tree.body]
-        in_classes = [
-            _code_prompt(source_id, lines, method, owner=node.name)
-            for node in tree.body
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
-            for method in node.body
-        ]
-        for group, prompts in ((functions, found), (methods, in_classes)):
-            kept = [p for p in prompts if p is not None]
-            if kept:
-                group.append(kept)
-    return tuple((_interleave(functions) + _interleave(methods))[:limit])
+    return _stdlib_function_prompts(_code_prompt, limit=limit)
 
 
 EXPLAIN_PROMPT = "Explain what this Python function does:\n\n```python\n{code}\n```"
@@ -128,6 +110,20 @@ def code_explanation_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
     functions first, then public methods, interleaved across files as in
     ``code_instruction_prompts``. None can be a bench prompt.
     """
+    return _stdlib_function_prompts(_explain_prompt, limit=limit, unique_ids=True)
+
+
+PromptMaker = Callable[[str, list[str], ast.stmt, str | None], Prompt | None]
+"""A prompt for one stdlib function node, or None where it does not qualify: (source id, lines, node, class name)."""
+
+
+def _stdlib_function_prompts(make: PromptMaker, *, limit: int | None, unique_ids: bool = False) -> tuple[Prompt, ...]:
+    """``make``'s prompts over the standard library: top-level functions, then public classes' methods.
+
+    Each group is interleaved across files (a ``limit`` still spans the
+    library), so a ``limit`` within the functions is stable when methods are
+    added. ``unique_ids`` numbers a name a file defines twice (``#2``).
+    """
     functions: list[list[Prompt]] = []
     methods: list[list[Prompt]] = []
     for source_id, text in _stdlib_sources():
@@ -136,16 +132,16 @@ def code_explanation_prompts(*, limit: int | None = None) -> tuple[Prompt, ...]:
         except SyntaxError:
             continue
         lines = text.splitlines()
-        found = [_explain_prompt(source_id, lines, node) for node in tree.body]
+        found = [make(source_id, lines, node, None) for node in tree.body]
         in_classes = [
-            _explain_prompt(source_id, lines, method, owner=node.name)
+            make(source_id, lines, method, node.name)
             for node in tree.body
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
             for method in node.body
         ]
         seen: dict[str, int] = {}
         for group, prompts in ((functions, found), (methods, in_classes)):
-            kept = [_numbered(p, seen) for p in prompts if p is not None]
+            kept = [p if not unique_ids else _numbered(p, seen) for p in prompts if p is not None]
             if kept:
                 group.append(kept)
     return tuple((_interleave(functions) + _interleave(methods))[:limit])
