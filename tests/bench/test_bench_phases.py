@@ -24,10 +24,12 @@ def test_phases_of_a_real_run_add_up_and_the_target_is_restored() -> None:
     )
     assert "forward" not in vars(target)  # the timing wrapper is removed again
     assert plain.tokens == spec.tokens == 16
-    assert plain.steps == 16 and plain.propose == 0.0  # one token per plain step, prefill included
-    assert 0 < spec.steps <= 16 and spec.speculation.verify_steps > 0
+    # One token per plain step: the prefill step gives each prompt's first token, 7 decode steps the rest.
+    assert (plain.steps, plain.prefill_steps, plain.propose) == (14, 2, 0.0)
+    assert 0 < spec.steps <= 14 and spec.prefill_steps == 2 and spec.speculation.verify_steps > 0
     for t in (plain, spec):
-        assert 0 < t.target < t.wall and t.rest > 0
+        assert 0 < t.target < t.wall and t.rest > 0 and t.prefill_wall > 0
+        assert t.total_wall == t.wall + t.prefill_wall
     assert spec.propose > 0
 
 
@@ -37,7 +39,8 @@ def test_phases_in_a_batch_and_sampled() -> None:
     alone = run_phases(target, prompts, lambda: None, max_tokens=6, stop_token_ids=())
     batched = run_phases(target, prompts, lambda: None, max_tokens=6, stop_token_ids=(), batch_size=4)
     assert alone.tokens == batched.tokens == 24
-    assert alone.steps == 24 and batched.steps == 6  # one engine step serves the four requests
+    assert alone.steps == 20 and batched.steps == 5  # one engine step serves the four requests
+    assert (alone.prefill_steps, batched.prefill_steps) == (4, 1)
     make = lambda: create("dflash", target, num_spec_tokens=3)  # noqa: E731
     first = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, temperature=1.0)
     again = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, temperature=1.0)
@@ -45,7 +48,9 @@ def test_phases_in_a_batch_and_sampled() -> None:
 
 
 def test_report_gives_the_break_even_tau() -> None:
-    plain = RunnerPhases("plain", [PhaseTimes(steps=10, wall=0.2, target=0.15, tokens=10)])
+    plain = RunnerPhases(
+        "plain", [PhaseTimes(steps=10, wall=0.2, target=0.15, tokens=11, prefill_steps=1, prefill_wall=0.02)]
+    )
     spec = RunnerPhases(
         "x",
         [
@@ -54,15 +59,18 @@ def test_report_gives_the_break_even_tau() -> None:
                 wall=0.15,
                 target=0.1,
                 propose=0.03,
-                tokens=10,
+                tokens=11,
+                prefill_steps=1,
+                prefill_wall=0.015,
                 speculation=SpeculationCounters(verify_steps=5, emitted_in_verify=10),
             )
         ],
     )
     spec.rounds[0].speculation.drafted = 15
     table = report([plain, spec]).splitlines()
-    assert table[2] == "| plain | 20.0 | 15.0 | - | 5.0 | - | - | 50.0 | 1.000 | - |"
-    assert table[3] == "| x | 30.0 | 20.0 | 6.0 | 4.0 | 3.00 | 2.00 | 66.7 | 1.333 | 1.50 |"
+    # Per-step columns leave the prefill out; tokens/s (11 tokens in 0.22 and 0.165 s) takes it in.
+    assert table[2] == "| plain | 20.0 | 15.0 | - | 5.0 | - | - | 20.0 | 50.0 | 1.000 | - |"
+    assert table[3] == "| x | 30.0 | 20.0 | 6.0 | 4.0 | 3.00 | 2.00 | 15.0 | 66.7 | 1.333 | 1.50 |"
     assert spec.per_step_ms("rest") == pytest.approx(4.0)
 
 
