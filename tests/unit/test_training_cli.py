@@ -119,6 +119,11 @@ def test_several_feature_files_train_as_one_and_the_card_names_them_all(
     with pytest.raises(ValueError, match=r"features 1 has .*\(aux layers, window length.*16.*8"):
         train(features, tmp_path / "x.safetensors", "--features", str(short))
 
+    other = tmp_path / "other.safetensors"  # features of another model: one line, before any model loads
+    extra.save(other, {"model": "another-model", "summary": "[]"})
+    args = ["train", "--backend", "dflash", "--features", str(features), "--features", str(other)]
+    assert main([*args, "--out", str(tmp_path / "y.safetensors"), "--steps", "1"]) == 2
+
 
 def test_features_sources_skip_and_explain_and_refuse_nothing(tmp_path: Path) -> None:
     import argparse
