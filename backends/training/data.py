@@ -110,6 +110,11 @@ class TargetFeatures:
         aux = tuple(self.aux[self.aux_layers.index(layer)] for layer in aux_layers)
         return TargetFeatures(self.tokens, tuple(aux_layers), aux, self.greedy_next, self.top_ids, self.top_probs)
 
+    @property
+    def kind(self) -> tuple[tuple[int, ...], int, int, torch.dtype | None]:
+        """What windows must share to be trained on as one set: aux layers, window length, top-k, aux dtype."""
+        return (self.aux_layers, self.tokens.shape[1], self.top_ids.shape[2], self.aux[0].dtype if self.aux else None)
+
     @classmethod
     def concat(cls, parts: Sequence[TargetFeatures]) -> TargetFeatures:
         """Several feature files as one (a stage's new data next to the old), checked to be of one kind.
@@ -122,21 +127,10 @@ class TargetFeatures:
             raise ValueError("no features to concatenate")
         first = parts[0]
         for i, part in enumerate(parts[1:], start=1):
-            theirs = (
-                part.aux_layers,
-                part.tokens.shape[1],
-                part.top_ids.shape[2],
-                part.aux[0].dtype if part.aux else None,
-            )
-            ours = (
-                first.aux_layers,
-                first.tokens.shape[1],
-                first.top_ids.shape[2],
-                first.aux[0].dtype if first.aux else None,
-            )
-            if theirs != ours:
+            if part.kind != first.kind:
                 raise ValueError(
-                    f"features {i} has (aux layers, window length, top-k, aux dtype) {theirs}; the first has {ours}"
+                    f"features {i} has (aux layers, window length, top-k, aux dtype) {part.kind}; the first has "
+                    f"{first.kind}"
                 )
         if len(parts) == 1:
             return first

@@ -159,11 +159,10 @@ def _explain_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str
         return None
     if not 3 <= node.end_lineno - node.lineno + 1 <= EXPLAIN_MAX_LINES:
         return None
-    code = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.end_lineno])).rstrip()
-    if not code.startswith("def "):  # a line left of the method's indent: no clean dedent
+    code = _dedented(lines, node.lineno, node.end_lineno)
+    if code is None:
         return None
-    name = node.name if owner is None else f"{owner}.{node.name}"
-    return Prompt(id=f"explain:{source_id}:{name}", text=EXPLAIN_PROMPT.format(code=code), chat=True)
+    return Prompt(id=f"explain:{source_id}:{_qualified(node, owner)}", text=EXPLAIN_PROMPT.format(code=code), chat=True)
 
 
 def _code_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str | None = None) -> Prompt | None:
@@ -173,11 +172,20 @@ def _code_prompt(source_id: str, lines: list[str], node: ast.stmt, owner: str | 
     doc = ast.get_docstring(node)
     if doc is None or not 40 <= len(doc) <= 800 or node.body[0].end_lineno is None:
         return None
-    code = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])).rstrip()
-    if not code.startswith("def "):  # a docstring line left of the method's indent: no clean dedent
+    code = _dedented(lines, node.lineno, node.body[0].end_lineno)
+    if code is None:
         return None
-    name = node.name if owner is None else f"{owner}.{node.name}"
-    return Prompt(id=f"{source_id}:{name}", text=CODE_PROMPT.format(code=code), chat=True)
+    return Prompt(id=f"{source_id}:{_qualified(node, owner)}", text=CODE_PROMPT.format(code=code), chat=True)
+
+
+def _dedented(lines: list[str], first: int, last: int) -> str | None:
+    """Source lines ``first..last`` (1-based) dedented; None when a line sits left of the def (no clean dedent)."""
+    code = textwrap.dedent("\n".join(lines[first - 1 : last])).rstrip()
+    return code if code.startswith("def ") else None
+
+
+def _qualified(node: ast.FunctionDef, owner: str | None) -> str:
+    return node.name if owner is None else f"{owner}.{node.name}"
 
 
 def _interleave(per_file: list[list[Prompt]]) -> list[Prompt]:
