@@ -68,6 +68,8 @@ class DSparkSpeculator(DFlashSpeculator):
         self.measure_cost = cost is None
         """Without a given cost the budget fits one to the engine's measured step timings as they arrive."""
         self._fitted_at = 0
+        self._markov_key: tuple[object, ...] | None = None
+        self._markov_cut: tuple[Tensor, Tensor] = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, heads.rank))
 
     block_layout = "anchor_first"
 
@@ -190,9 +192,35 @@ class DSparkSpeculator(DFlashSpeculator):
     def _markov_step(
         self, backbone: Float[Tensor, "m vocab"], prev: Int[Tensor, " m"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " m"], Float[Tensor, "m vocab"] | None]:
-        """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that."""
-        logits = backbone.float() + self.heads.markov_bias(prev).float()
-        return draw_drafts(logits, params, self.generator)
+        """One slot: ``U_k + W2·W1[x_{k-1}]`` through the verifier's transform; the draft comes from exactly that.
+
+        With a draft vocabulary the backbone is ``-inf`` off its ids, and so is any
+        bias added there: those columns can be neither drafted nor proposed, so the
+        bias, the transform and the draw run on the draft ids only (a 4,096-wide
+        row instead of the target's 49,152), and the proposal is scattered back to
+        full width with zeros elsewhere. The ids are sorted, so an argmax breaks a
+        tie toward the same token as over the whole row.
+        """
+        vocab = self.network.draft_vocab
+        if vocab is None:
+            logits = backbone.float() + self.heads.markov_bias(prev).float()
+            return draw_drafts(logits, params, self.generator)
+        ids, columns = self._markov_columns(vocab.ids.to(backbone.device))
+        logits = backbone[:, ids].float() + (self.heads.embed_prev(prev) @ columns.T).float()
+        drafts, probs = draw_drafts(logits, params, self.generator)
+        if probs is None:
+            return ids[drafts], None
+        full = torch.zeros((probs.shape[0], backbone.shape[-1]), dtype=probs.dtype, device=probs.device)
+        return ids[drafts], full.index_copy_(1, ids, probs)
+
+    def _markov_columns(self, ids: Int[Tensor, " draft_vocab"]) -> tuple[Int[Tensor, " draft_vocab"], Tensor]:
+        """``W2``'s rows for the draft ids, cut once and again only when the ids or the weights change."""
+        w2 = self.heads.w2
+        key = (ids.data_ptr(), ids.numel(), w2.data_ptr(), w2._version, w2.device)
+        if self._markov_key != key:
+            self._markov_cut = (ids, w2.detach()[ids].contiguous())
+            self._markov_key = key
+        return self._markov_cut
 
     def _refit_cost(self, ctx: DraftContext) -> None:
         """``c0 + c1 · tokens`` from the engine's step record (``ctx.step_cost``), every REFIT_EVERY new samples.

@@ -25,7 +25,7 @@ from specdec.backend_registry import create
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, probabilities
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
 
@@ -172,3 +172,60 @@ def test_files_carry_the_vocabulary_and_full_vocab_turns_it_off(
     save_drafter(bad, modules, meta, dtype=torch.float32, draft_vocab=torch.tensor([1, VOCAB + 3]))
     with pytest.raises(ValueError, match=r"bad\.safetensors.*draft vocabulary ids must lie in"):
         create(backend, tiny, num_spec_tokens=3, pretrained=bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    size=st.integers(1, VOCAB),
+    rows=st.integers(0, 4),
+    temperature=st.sampled_from([0.0, 0.7, 1.0]),
+    top_k=st.sampled_from([None, 1, 3, 40]),
+    top_p=st.sampled_from([None, 0.6, 1.0]),
+)
+def test_dspark_markov_step_on_the_draft_ids_equals_the_full_width_step(
+    tiny: Transformer, seed: int, size: int, rows: int, temperature: float, top_k: int | None, top_p: float | None
+) -> None:
+    """The bias, transform and draw run on the draft ids only: the same argmax (ties too) and the same proposal."""
+    g = torch.Generator().manual_seed(seed)
+    spec = create("dspark", tiny, num_spec_tokens=3, seed=4)
+    ids = torch.randperm(VOCAB, generator=g)[:size].sort().values
+    spec.network.draft_vocab = DraftVocab(ids, VOCAB)  # type: ignore[attr-defined]
+    # Small integers: ties within a row are common, so the argmax's tie-break is exercised.
+    backbone = torch.full((rows, VOCAB), float("-inf"))
+    backbone[:, ids] = torch.randint(-2, 3, (rows, size), generator=g).float()
+    prev = torch.randint(0, VOCAB, (rows,), generator=g)
+    with torch.no_grad():
+        spec.heads.w2.copy_(torch.randint(-1, 2, spec.heads.w2.shape, generator=g).float())  # type: ignore[attr-defined]
+    params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * rows
+    full = backbone + spec.heads.markov_bias(prev)  # type: ignore[attr-defined]
+    with torch.inference_mode():
+        drafts, probs = spec._markov_step(backbone, prev, params)  # type: ignore[attr-defined]
+    assert set(drafts.tolist()) <= set(ids.tolist())
+    if rows == 0:  # a rank whose block forward ran for its DP peers only: nothing drawn, an empty proposal
+        assert drafts.shape == (0,) and (probs is None or probs.shape == (0, VOCAB))
+    elif temperature == 0.0:
+        assert probs is None
+        assert drafts.tolist() == full.argmax(-1).tolist()
+    else:
+        assert probs is not None and probs.shape == (rows, VOCAB)
+        torch.testing.assert_close(probs, probabilities(full, params), atol=1e-6, rtol=1e-5)
+        assert bool((probs[torch.arange(rows), drafts] > 0).all())
+
+
+def test_dspark_markov_step_follows_changed_heads(tiny: Transformer) -> None:
+    """The bias's columns for the draft ids are cut once: a change to the heads' weights must cut them again."""
+    spec = create("dspark", tiny, num_spec_tokens=3, seed=4)
+    ids = torch.tensor([1, 5, 9])
+    spec.network.draft_vocab = DraftVocab(ids, VOCAB)  # type: ignore[attr-defined]
+    backbone = torch.full((1, VOCAB), float("-inf"))
+    backbone[:, ids] = 0.0
+    prev = torch.tensor([3])
+    heads = spec.heads  # type: ignore[attr-defined]
+    greedy = [SamplingParams(temperature=0.0)]
+    for winner in (1, 9, 5):
+        with torch.no_grad():
+            heads.w2.zero_()
+            heads.w2[winner] = heads.w1[3].sign()  # only the winner's column gets a positive bias
+        drafts, _ = spec._markov_step(backbone, prev, greedy)  # type: ignore[attr-defined]
+        assert drafts.tolist() == [winner]
