@@ -18,6 +18,13 @@ on the host. fp32 takes the packed path for every decode, verify and block size
 (``FP32_PACKED_ROWS``); prefills keep MKL. The results differ from ``F.linear`` by summation order (~1e-6 relative);
 the transformers parity test bounds that difference.
 
+Which fp32 kernel is faster at a few rows depends on the CPU: on an AVX2 and an
+AMD AVX-512 host the packed path won at every decode and verify size, while on an
+Intel host with AMX MKL's products took 0.73x the packed time at one to three rows
+and 1.2x from four. ``specdec.nn.fp32_kernels`` measures that on the loaded model
+and sets ``fp32_f_linear_rows``: the row counts at which fp32 takes plain
+``F.linear`` although the packed path applies. Until something sets it, none.
+
 Several weights that read the same input (q/k/v, gate/up) are packed as one
 concatenated matrix, one call instead of three. The packed copy is cached and
 rebuilt when any source weight is replaced or modified in place (its storage
@@ -45,6 +52,8 @@ FP32_PACKED_MIN_WEIGHT = 256 * 256
 bf16 always packs: its packed path gives a row the same bits for any row count up
 to ``ROW_INVARIANT_ROWS``, which bf16 verify rows rely on to equal decode steps.
 """
+_FP32_F_LINEAR_ROWS: frozenset[int] = frozenset()
+"""Row counts at which fp32 products take ``F.linear`` instead of the packed path (process-wide, measured)."""
 ROW_INVARIANT_ROWS = 32
 """Up to this many rows, oneDNN's packed bf16 matmul gives each row the bits it gets alone.
 
@@ -74,6 +83,24 @@ _MKLDNN = mkldnn_available()
 _MKLDNN_BF16 = mkldnn_bf16_available()
 
 
+def packed_product(x: Float[Tensor, "rows in_features"], packed: Tensor) -> Float[Tensor, "rows out_features"]:
+    """``x @ W.T`` against oneDNN's packed copy of ``W``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def fp32_f_linear_rows() -> frozenset[int]:
+    """The row counts at which fp32 products take plain ``F.linear`` (``set_fp32_f_linear_rows``)."""
+    return _FP32_F_LINEAR_ROWS
+
+
+def set_fp32_f_linear_rows(rows: frozenset[int]) -> None:
+    """Send fp32 products of these row counts to ``F.linear``: a property of the host, measured on a loaded model."""
+    global _FP32_F_LINEAR_ROWS
+    if any(r < 1 for r in rows):
+        raise ValueError(f"row counts must be >= 1, got {sorted(rows)}")
+    _FP32_F_LINEAR_ROWS = frozenset(rows)
+
+
 class PackedLinear:
     """The packed copy of one or more weights sharing an input; call ``run`` with the current weights.
 
@@ -93,16 +120,14 @@ class PackedLinear:
         self, x: Float[Tensor, "rows in_features"], weights: Sequence[Tensor]
     ) -> tuple[Float[Tensor, "rows out_features"], ...]:
         """``tuple(F.linear(x, w) for w in weights)``, through one packed matmul when that path applies."""
-        if not self.applies(x, weights):
+        if not self.applies(x, weights) or (x.dtype == torch.float32 and x.shape[0] in _FP32_F_LINEAR_ROWS):
             return tuple(F.linear(x, w) for w in weights)
         packed = self._pack(weights)
         chunk = self.row_chunk
         if chunk is not None and x.shape[0] > chunk:
-            out = torch.cat(
-                [torch.ops.mkldnn._linear_pointwise(part, packed, None, "none", [], "") for part in x.split(chunk)]
-            )
+            out = torch.cat([packed_product(part, packed) for part in x.split(chunk)])
         else:
-            out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            out = packed_product(x, packed)
         if len(weights) == 1:
             return (out,)
         return tuple(out.split(self._splits, dim=-1))
@@ -124,6 +149,10 @@ class PackedLinear:
         if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+
+    def packed(self, weights: Sequence[Tensor]) -> Tensor:
+        """The packed copy of ``weights`` (one matrix), packing it now if it is missing or stale."""
+        return self._pack(weights)
 
     def prepare(self, weights: Sequence[Tensor]) -> None:
         """Pack now what the first one-row call would pack: at load time, not inside the first timed step."""

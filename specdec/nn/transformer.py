@@ -423,6 +423,21 @@ class Transformer(nn.Module):
 
     # -- shared with drafters ----------------------------------------------------------------------
 
+    def decode_products(self) -> list[tuple[PackedLinear, tuple[Tensor, ...]]]:
+        """Every linear product of a decode forward in order, as (packed copy, weights it multiplies): what a
+        kernel choice is timed on (``specdec.nn.fp32_kernels``)."""
+        products: list[tuple[PackedLinear, tuple[Tensor, ...]]] = []
+        for layer in self.model.decoder_layers():
+            attn = layer.self_attn
+            products.append((attn.qkv, (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)))
+            products.append((attn.o_proj.packed, (attn.o_proj.weight,)))
+            if isinstance(layer.mlp, SwiGLUMLP):
+                mlp = layer.mlp
+                products.append((mlp.gate_up, (mlp.gate_proj.weight, mlp.up_proj.weight)))
+                products.append((mlp.down_proj.packed, (mlp.down_proj.weight,)))
+        products.append((self._lm_head_packed, (self.lm_head_weight,)))
+        return products
+
     @property
     def lm_head_weight(self) -> Float[Tensor, "vocab hidden"]:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

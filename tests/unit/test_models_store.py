@@ -32,6 +32,7 @@ from fake_gguf import (
     write_fake_gguf,
 )
 
+import specdec.hub.loader as loader
 from specdec.cli.main import main
 from specdec.hub import (
     ChatTemplateError,
@@ -290,6 +291,16 @@ def test_a_sharded_checkpoint_directory_loads_in_place(fake: FakeModel, tmp_path
     assert tok.stop_token_ids == by_name.stop_token_ids and tok.eos_token_id == by_name.eos_token_id
     messages = [{"role": "user", "content": "Hi"}]
     assert tok.encode_chat(messages) == by_name.encode_chat(messages)
+
+
+def test_load_chooses_the_fp32_kernels_on_the_model_it_loaded(
+    fake: FakeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+    monkeypatch.setattr(loader, "choose_fp32_kernels", lambda model: seen.append(model) or [])
+    model, _ = load(hf_checkpoint(fake, tmp_path, shards=1))
+    _, _ = load(NAME, store=store_for(fake, tmp_path / "home"))
+    assert len(seen) == 2 and seen[0] is model
 
 
 def test_a_path_that_is_not_a_model_is_a_clear_error(fake: FakeModel, tmp_path: Path) -> None:

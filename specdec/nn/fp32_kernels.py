@@ -1,0 +1,108 @@
+"""Which fp32 kernel multiplies a few rows faster on this host, timed on the loaded model's own decode products.
+
+A decode step multiplies one row per request by every weight of the model,
+and a verify step 1 + K rows. Which kernel does that faster depends on the CPU,
+and by a lot: on an AVX2 and an AMD AVX-512 host oneDNN's packed fp32 path won
+at every such size, while on an Intel host with AMX MKL's ``F.linear`` took
+0.73x its time at one to three rows and 1.2x from four (a one-row decode step
+41.4 ms packed, 31.9 ms with MKL). So ``load`` times both on the model it
+loaded: one pass over every decode product of the model (the real weights, in
+forward order, so they stream from memory as in a forward) per kernel and row
+count, the kernels alternating, the median of ``PASSES``. Row counts go up
+from 1 until the packed path wins twice in a row (MKL's cost grows with the
+rows where the packed path's stays nearly flat) or ``MAX_ROWS``; where
+``F.linear`` takes at most ``MARGIN`` of the packed time, fp32 products of that
+row count take it (``specdec.nn.packed_linear.set_fp32_f_linear_rows``), in
+every model of the process. A narrower win could flip between processes on a
+shared host's noise and change logits' last bits from one run to the next.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specdec.nn.packed_linear import PackedLinear, mkldnn_available, packed_product, set_fp32_f_linear_rows
+from specdec.nn.transformer import Transformer
+
+MAX_ROWS = 8
+"""Row counts timed at most: decodes and the verifies of up to K = 7 drafts at batch 1."""
+MARGIN = 0.9
+"""``F.linear`` replaces the packed path at a row count only where it takes at most this share of its time."""
+PASSES = 3
+"""Timed passes per kernel and row count, after one that warms both up."""
+
+Products = Sequence[tuple[PackedLinear, tuple[Tensor, ...]]]
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """One row count's pass over the model's decode products, per kernel (medians, seconds)."""
+
+    rows: int
+    packed_s: float
+    f_linear_s: float
+
+    @property
+    def f_linear_wins(self) -> bool:
+        return self.f_linear_s <= MARGIN * self.packed_s
+
+
+def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
+    """Time both kernels on ``model`` and send the row counts where ``F.linear`` wins to it; returns the timings.
+
+    Nothing is timed (and nothing changes) for a non-fp32 model, without oneDNN,
+    or where no product of the model takes the packed path (the test matrix's
+    tiny models).
+    """
+    if model.dtype != torch.float32 or not mkldnn_available():
+        return []
+    products = [(linear, ws) for linear, ws in model.decode_products() if _packable(ws)]
+    if not products:
+        return []
+    timings: list[KernelTiming] = []
+    with torch.inference_mode():
+        for rows in range(1, MAX_ROWS + 1):
+            timings.append(time_kernels(products, rows))
+            if len(timings) >= 2 and not (timings[-1].f_linear_wins or timings[-2].f_linear_wins):
+                break
+    set_fp32_f_linear_rows(frozenset(t.rows for t in timings if t.f_linear_wins))
+    return timings
+
+
+def time_kernels(products: Products, rows: int, clock: Callable[[], float] = time.perf_counter) -> KernelTiming:
+    """Median pass time of each kernel over ``products`` at ``rows`` rows, the kernels alternating."""
+    g = torch.Generator().manual_seed(rows)
+    inputs = {n: torch.randn(rows, n, generator=g) for n in {ws[0].shape[1] for _, ws in products}}
+    packed = [(linear.packed(ws), ws[0].shape[1]) for linear, ws in products]
+
+    def packed_pass() -> None:
+        for matrix, width in packed:
+            packed_product(inputs[width], matrix)
+
+    def f_linear_pass() -> None:
+        for _, ws in products:
+            x = inputs[ws[0].shape[1]]
+            for w in ws:
+                F.linear(x, w)
+
+    times: dict[str, list[float]] = {"packed": [], "f_linear": []}
+    for i in range(PASSES + 1):
+        order = [("packed", packed_pass), ("f_linear", f_linear_pass)]
+        for name, run in order if i % 2 else order[::-1]:
+            start = clock()
+            run()
+            if i:
+                times[name].append(clock() - start)
+    return KernelTiming(rows, statistics.median(times["packed"]), statistics.median(times["f_linear"]))
+
+
+def _packable(weights: tuple[Tensor, ...]) -> bool:
+    probe = torch.empty((1, weights[0].shape[1]), dtype=weights[0].dtype, device=weights[0].device)
+    return PackedLinear.applies(probe, weights)

@@ -1,0 +1,146 @@
+"""fp32 products of a few rows take the kernel timed faster on this host, on the loaded model's own products."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec.nn.fp32_kernels as fp32_kernels
+import specdec.nn.packed_linear as packed_linear
+from specdec.nn.config import ModelConfig
+from specdec.nn.fp32_kernels import MARGIN, KernelTiming, choose_fp32_kernels, time_kernels
+from specdec.nn.packed_linear import (
+    PackedLinear,
+    fp32_f_linear_rows,
+    mkldnn_available,
+    set_fp32_f_linear_rows,
+)
+from specdec.nn.transformer import Transformer
+
+pytestmark = pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN: nothing is packed")
+
+# Every weight at least 256 x 256 elements: the fp32 packed path applies, as on a real model.
+MEDIUM = ModelConfig.tiny(
+    vocab_size=1024, hidden_size=256, num_heads=4, num_kv_heads=4, head_dim=64, intermediate_size=512
+)
+
+
+@pytest.fixture(autouse=True)
+def restore_choice() -> Iterator[None]:
+    """The choice is process-wide: each test leaves it as it found it."""
+    before = fp32_f_linear_rows()
+    yield
+    set_fp32_f_linear_rows(before)
+
+
+@pytest.fixture(scope="module")
+def medium() -> Transformer:
+    return Transformer(MEDIUM, seed=0)
+
+
+def scripted(f_linear_over_packed: dict[int, float], timed: list[int]):  # type: ignore[no-untyped-def]
+    """A ``time_kernels`` stand-in: F.linear takes the given share of the packed time at each row count."""
+
+    def fake(products, rows):  # type: ignore[no-untyped-def]
+        timed.append(rows)
+        return KernelTiming(rows, 1.0, f_linear_over_packed.get(rows, 2.0))
+
+    return fake
+
+
+def test_the_row_counts_where_f_linear_wins_are_chosen_and_timing_stops_after_two_losses(
+    medium: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(fp32_kernels, "time_kernels", scripted({1: 0.7, 2: 0.75, 3: 0.8, 5: 0.7}, timed))
+    timings = choose_fp32_kernels(medium)
+    assert timed == [1, 2, 3, 4, 5, 6, 7]  # 4 lost, 5 won again, then 6 and 7 lost: stop
+    assert fp32_f_linear_rows() == frozenset({1, 2, 3, 5})
+    assert [t.rows for t in timings] == timed
+
+
+def test_a_win_inside_the_margin_keeps_the_packed_kernel(medium: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(fp32_kernels, "time_kernels", scripted({1: MARGIN + 0.02, 2: MARGIN}, timed))
+    choose_fp32_kernels(medium)
+    assert fp32_f_linear_rows() == frozenset({2})
+    assert timed == [1, 2, 3, 4]
+
+
+def test_nothing_is_timed_for_bf16_or_a_model_too_small_to_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(fp32_kernels, "time_kernels", scripted({1: 0.5}, timed))
+    set_fp32_f_linear_rows(frozenset({3}))
+    assert choose_fp32_kernels(Transformer(MEDIUM, seed=0, dtype=torch.bfloat16)) == []
+    assert choose_fp32_kernels(Transformer(ModelConfig.tiny(), seed=0)) == []
+    assert timed == [] and fp32_f_linear_rows() == frozenset({3})
+
+
+def _sleeping(seconds: float, fn, calls: list[int]):  # type: ignore[no-untyped-def]
+    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        time.sleep(seconds)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@pytest.mark.parametrize("slower", ["f_linear", "packed"])
+def test_time_kernels_times_each_kernel_on_every_product(
+    medium: Transformer, slower: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    products = medium.decode_products()
+    calls: list[int] = []
+    if slower == "f_linear":
+        monkeypatch.setattr(fp32_kernels, "F", SimpleNamespace(linear=_sleeping(1e-3, F.linear, calls)))
+        per_pass = sum(len(ws) for _, ws in products)  # the unfused weights, one F.linear each
+    else:
+        monkeypatch.setattr(fp32_kernels, "packed_product", _sleeping(1e-3, packed_linear.packed_product, calls))
+        per_pass = len(products)  # one packed matrix per product
+    timing = time_kernels(products, 2)
+    assert len(calls) == (fp32_kernels.PASSES + 1) * per_pass  # every product in every pass, the warm-up included
+    slow, fast = (timing.f_linear_s, timing.packed_s) if slower == "f_linear" else (timing.packed_s, timing.f_linear_s)
+    assert slow >= per_pass * 1e-3 > fast
+    assert timing.rows == 2
+
+
+def test_decode_products_are_every_linear_of_a_forward(medium: Transformer) -> None:
+    products = medium.decode_products()
+    assert len(products) == 4 * MEDIUM.num_layers + 1
+    layer = medium.model.decoder_layers()[0]
+    assert products[0] == (
+        layer.self_attn.qkv,
+        (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight),
+    )
+    assert products[-1][0] is medium._lm_head_packed and products[-1][1][0] is medium.lm_head_weight
+    weights = {id(w) for _, ws in products for w in ws}
+    linear = {id(p) for name, p in medium.named_parameters() if "proj" in name or "lm_head" in name}
+    assert linear <= weights
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_run_takes_f_linear_exactly_at_the_chosen_row_counts(rows: int) -> None:
+    set_fp32_f_linear_rows(frozenset({1, 3}))
+    w = torch.randn(512, 256, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+    linear = PackedLinear()
+    got = linear.run(x, (w,))[0]
+    if rows in (1, 3):
+        assert linear._packed is None and torch.equal(got, F.linear(x, w))
+    else:
+        assert linear._packed is not None
+        torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=0)
+    assert PackedLinear.applies(x, (w,))  # the path is still available; the measured choice skips it
+    bf16 = PackedLinear()
+    bf16.run(x.bfloat16(), (w.bfloat16(),))
+    assert bf16._packed is not None or not packed_linear.mkldnn_bf16_available()  # bf16 always packs
+
+
+def test_a_bad_row_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="row counts must be >= 1"):
+        set_fp32_f_linear_rows(frozenset({0, 2}))
