@@ -8,9 +8,11 @@ at every such size, while on an Intel host with AMX MKL's ``F.linear`` took
 41.4 ms packed, 31.9 ms with MKL). So ``load`` times both on the model it
 loaded: one pass over every decode product of the model (the real weights, in
 forward order, so they stream from memory as in a forward) per kernel and row
-count, the kernels alternating, the median of ``PASSES``. Row counts go up
-from 1 until the packed path wins twice in a row (MKL's cost grows with the
-rows where the packed path's stays nearly flat) or ``MAX_ROWS``; where
+count, the kernels alternating, the fastest of ``PASSES`` (a shared host only
+ever adds time to a pass; a median of three flipped a clear 0.8x win in one
+process of four, the fastest kept the same choice in six of six). Row counts
+go up from 1 until the packed path wins twice in a row (MKL's cost grows with
+the rows where the packed path's stays nearly flat) or ``MAX_ROWS``; where
 ``F.linear`` takes at most ``MARGIN`` of the packed time, fp32 products of that
 row count take it (``specdec.nn.packed_linear.set_fp32_f_linear_rows``), in
 every model of the process. A narrower win could flip between processes on a
@@ -19,7 +21,6 @@ shared host's noise and change logits' last bits from one run to the next.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ Products = Sequence[tuple[PackedLinear, tuple[Tensor, ...]]]
 
 @dataclass(frozen=True)
 class KernelTiming:
-    """One row count's pass over the model's decode products, per kernel (medians, seconds)."""
+    """One row count's pass over the model's decode products, per kernel (fastest pass, seconds)."""
 
     rows: int
     packed_s: float
@@ -77,7 +78,7 @@ def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
 
 
 def time_kernels(products: Products, rows: int, clock: Callable[[], float] = time.perf_counter) -> KernelTiming:
-    """Median pass time of each kernel over ``products`` at ``rows`` rows, the kernels alternating."""
+    """The fastest pass of each kernel over ``products`` at ``rows`` rows, the kernels alternating."""
     g = torch.Generator().manual_seed(rows)
     inputs = {n: torch.randn(rows, n, generator=g) for n in {ws[0].shape[1] for _, ws in products}}
     packed = [(linear.packed(ws), ws[0].shape[1]) for linear, ws in products]
@@ -100,7 +101,7 @@ def time_kernels(products: Products, rows: int, clock: Callable[[], float] = tim
             run()
             if i:
                 times[name].append(clock() - start)
-    return KernelTiming(rows, statistics.median(times["packed"]), statistics.median(times["f_linear"]))
+    return KernelTiming(rows, min(times["packed"]), min(times["f_linear"]))
 
 
 def _packable(weights: tuple[Tensor, ...]) -> bool:
