@@ -13,6 +13,8 @@ gets probability zero, which keeps verification lossless.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -37,19 +39,26 @@ class DraftVocab:
             raise ValueError("draft vocabulary ids must be sorted and unique")
         self.ids = ids
         self.vocab_size = vocab_size
-        self._rows: Tensor | None = None
-        self._source: tuple[int, int] | None = None
+        self._cuts: dict[int, tuple[weakref.ref[Tensor], tuple[int, int, torch.device], Tensor]] = {}
+        """Per weight (by ``id``, held weakly): the source it was cut from (storage, version, device) and its rows."""
         self._packed = PackedLinear()
+
+    def rows(self, weight: Float[Tensor, "vocab width"]) -> Float[Tensor, "draft_vocab width"]:
+        """``weight``'s rows for this vocabulary (a vocabulary-indexed matrix: the LM head, DSpark's Markov ``W2``),
+        cut once and again when the weight is replaced or modified in place."""
+        source = (weight.data_ptr(), weight._version, weight.device)
+        cut = self._cuts.get(id(weight))
+        if cut is None or cut[0]() is not weight or cut[1] != source:
+            with torch.inference_mode(False):  # a normal tensor: a packed copy of it tracks its version
+                rows = weight.detach()[self.ids.to(weight.device)].contiguous()
+            # Tensors compare elementwise, so weights are keyed by id; entries of weights since freed are dropped.
+            self._cuts = {k: c for k, c in self._cuts.items() if c[0]() is not None}
+            cut = self._cuts[id(weight)] = (weakref.ref(weight), source, rows)
+        return cut[2]
 
     def head(self, target: Transformer) -> Float[Tensor, "draft_vocab hidden"]:
         """The target LM head's rows for this vocabulary, cut again when the target's head weight changes."""
-        weight = target.lm_head_weight
-        source = (weight.data_ptr(), weight._version)
-        if self._rows is None or source != self._source or self._rows.device != weight.device:
-            with torch.inference_mode(False):  # a normal tensor: the packed copy tracks its version
-                self._rows = weight.detach()[self.ids.to(weight.device)].contiguous()
-            self._source = source
-        return self._rows
+        return self.rows(target.lm_head_weight)
 
     def prepare(self, target: Transformer) -> None:
         """Cut and pack the sub-head at load time: ~20 ms on a CPU that the first draft step would pay otherwise."""

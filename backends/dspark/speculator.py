@@ -68,8 +68,6 @@ class DSparkSpeculator(DFlashSpeculator):
         self.measure_cost = cost is None
         """Without a given cost the budget fits one to the engine's measured step timings as they arrive."""
         self._fitted_at = 0
-        self._markov_key: tuple[object, ...] | None = None
-        self._markov_cut: tuple[Tensor, Tensor] = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, heads.rank))
 
     block_layout = "anchor_first"
 
@@ -205,22 +203,13 @@ class DSparkSpeculator(DFlashSpeculator):
         if vocab is None:
             logits = backbone.float() + self.heads.markov_bias(prev).float()
             return draw_drafts(logits, params, self.generator)
-        ids, columns = self._markov_columns(vocab.ids.to(backbone.device))
-        logits = backbone[:, ids].float() + (self.heads.embed_prev(prev) @ columns.T).float()
+        ids = vocab.ids.to(backbone.device)
+        logits = backbone[:, ids].float() + (self.heads.embed_prev(prev) @ vocab.rows(self.heads.w2).T).float()
         drafts, probs = draw_drafts(logits, params, self.generator)
         if probs is None:
             return ids[drafts], None
         full = torch.zeros((probs.shape[0], backbone.shape[-1]), dtype=probs.dtype, device=probs.device)
         return ids[drafts], full.index_copy_(1, ids, probs)
-
-    def _markov_columns(self, ids: Int[Tensor, " draft_vocab"]) -> tuple[Int[Tensor, " draft_vocab"], Tensor]:
-        """``W2``'s rows for the draft ids, cut once and again only when the ids or the weights change."""
-        w2 = self.heads.w2
-        key = (ids.data_ptr(), ids.numel(), w2.data_ptr(), w2._version, w2.device)
-        if self._markov_key != key:
-            self._markov_cut = (ids, w2.detach()[ids].contiguous())
-            self._markov_key = key
-        return self._markov_cut
 
     def _refit_cost(self, ctx: DraftContext) -> None:
         """``c0 + c1 · tokens`` from the engine's step record (``ctx.step_cost``), every REFIT_EVERY new samples.

@@ -22,7 +22,7 @@ shared host's noise and change logits' last bits from one run to the next.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +64,7 @@ def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
     """
     if model.dtype != torch.float32 or not mkldnn_available():
         return []
-    products = [(linear, ws) for linear, ws in model.decode_products() if _packable(ws)]
+    products = [(linear, ws) for linear, ws in model.decode_products() if PackedLinear.packs(ws)]
     if not products:
         return []
     timings: list[KernelTiming] = []
@@ -77,7 +77,7 @@ def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
     return timings
 
 
-def time_kernels(products: Products, rows: int, clock: Callable[[], float] = time.perf_counter) -> KernelTiming:
+def time_kernels(products: Products, rows: int) -> KernelTiming:
     """The fastest pass of each kernel over ``products`` at ``rows`` rows, the kernels alternating."""
     g = torch.Generator().manual_seed(rows)
     inputs = {n: torch.randn(rows, n, generator=g) for n in {ws[0].shape[1] for _, ws in products}}
@@ -97,13 +97,8 @@ def time_kernels(products: Products, rows: int, clock: Callable[[], float] = tim
     for i in range(PASSES + 1):
         order = [("packed", packed_pass), ("f_linear", f_linear_pass)]
         for name, run in order if i % 2 else order[::-1]:
-            start = clock()
+            start = time.perf_counter()
             run()
             if i:
-                times[name].append(clock() - start)
+                times[name].append(time.perf_counter() - start)
     return KernelTiming(rows, min(times["packed"]), min(times["f_linear"]))
-
-
-def _packable(weights: tuple[Tensor, ...]) -> bool:
-    probe = torch.empty((1, weights[0].shape[1]), dtype=weights[0].dtype, device=weights[0].device)
-    return PackedLinear.applies(probe, weights)

@@ -154,11 +154,16 @@ class PackedLinear:
         """The packed copy of ``weights`` (one matrix), packing it now if it is missing or stale."""
         return self._pack(weights)
 
+    @staticmethod
+    def packs(weights: Sequence[Tensor]) -> bool:
+        """Whether a one-row input of these weights' dtype and device (a decode) can take the packed path."""
+        probe = torch.empty((1, weights[0].shape[1]), dtype=weights[0].dtype, device=weights[0].device)
+        return PackedLinear.applies(probe, weights)
+
     def prepare(self, weights: Sequence[Tensor]) -> None:
         """Pack now what the first one-row call would pack: at load time, not inside the first timed step."""
-        probe = torch.empty((1, weights[0].shape[1]), dtype=weights[0].dtype, device=weights[0].device)
         with torch.no_grad():
-            if self.applies(probe, weights):
+            if self.packs(weights):
                 self._pack(weights)
 
     def _pack(self, weights: Sequence[Tensor]) -> Tensor:
