@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = [
     "MAX_TEMPERATURE",
@@ -23,6 +24,7 @@ __all__ = [
     "SamplingParams",
     "probabilities",
     "sample",
+    "tokens_at",
 ]
 
 MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
@@ -172,25 +174,56 @@ class InvalidDistributionError(RuntimeError):
     """A row handed to :func:`sample` is not a probability distribution."""
 
 
-def sample(probs: Float[Tensor, "rows vocab"], generator: torch.Generator | None = None) -> Int[Tensor, " rows"]:
-    """One token per row; raises :class:`InvalidDistributionError` on a row that is not a distribution.
+def tokens_at(probs: Float[Tensor, "rows vocab"], u: Float[Tensor, " rows"]) -> Int[Tensor, " rows"]:
+    """Each row's token whose interval of the cumulative distribution holds ``u`` (in [0, 1], a share of the row's mass).
 
-    ``torch.multinomial`` already checks every row (with a host read) and fails
-    with a message that names neither the row nor the fault; that failure is
-    translated here, so the passing path costs nothing extra.
+    Token i's interval is [c(i-1), c(i)) with c the running sum, so a token of
+    probability 0 has an empty one and is never returned, and ``u = 1`` (or a
+    product that rounds up to the mass) returns the last token with mass. The
+    sums run in float64: each interval is then its float32 probability to within
+    ~1e-12 of the row's mass, where float32 sums would give a token of 2e-8 after
+    0.75 of the mass none at all.
     """
-    try:
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    except RuntimeError as err:
-        bad = _not_distributions(probs)
-        if not bad:
-            raise
+    vocab = probs.shape[-1]
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(u.to(torch.float64)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(vocab - 1)
+
+
+def sample(probs: Float[Tensor, "rows vocab"], generator: torch.Generator | None = None) -> Int[Tensor, " rows"]:
+    """One token per row (by inverse CDF, ``tokens_at``); raises :class:`InvalidDistributionError` on a row that is
+    not a distribution (rows need not sum to 1).
+
+    ``torch.multinomial`` draws an exponential variate per vocabulary entry on
+    the CPU, about 0.8 ms a row at 49k tokens (6.6 ms a step for a batch of 8,
+    a tenth of the step); this draws one uniform per row. Should a parallel scan
+    (on a GPU) round a zero-probability token's interval open, the check below
+    sees the draw and that row is drawn again by ``torch.multinomial``. The
+    checks share one host read, as ``torch.multinomial``'s own did; fake and
+    meta tensors have no values to check.
+    """
+    rows = probs.shape[0]
+    u = torch.rand(rows, generator=generator, dtype=torch.float64, device=probs.device)
+    tokens = tokens_at(probs, u)
+    if rows == 0 or probs.device.type == "meta" or is_fake(probs):
+        return tokens
+    mass = probs.sum(dim=-1, dtype=torch.float64)
+    proper = (mass > 0) & (mass < float("inf")) & ~(probs < 0).any(dim=-1)
+    drawn = probs.gather(-1, tokens[:, None]).squeeze(-1) > 0
+    if bool((proper & drawn).all()):
+        return tokens
+    bad = _not_distributions(probs)
+    if bad:
         shown = ", ".join(f"row {r}: {fault}" for r, fault in bad[:8])
         more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
         raise InvalidDistributionError(
-            f"sample(): {len(bad)} of {probs.shape[0]} rows are not probability distributions ({shown}{more}); "
+            f"sample(): {len(bad)} of {rows} rows are not probability distributions ({shown}{more}); "
             "non-finite values usually come from non-finite logits, e.g. a NaN weight or a half-precision overflow"
-        ) from err
+        )
+    redraw = (~drawn).nonzero().squeeze(-1)
+    tokens[redraw] = torch.multinomial(probs[redraw], 1, generator=generator).squeeze(-1)
+    return tokens
 
 
 def _not_distributions(probs: Float[Tensor, "rows vocab"]) -> list[tuple[int, str]]:
