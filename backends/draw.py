@@ -29,11 +29,44 @@ def draw_drafts(
     generator: torch.Generator,
     *,
     argmax_drafts: bool = False,
+    ids: Int[Tensor, " draft_vocab"] | None = None,
 ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
     """One draft per row of ``logits`` (``params`` per row) and the distribution it was drawn from.
 
     The distribution is None where every row took the argmax (``argmax_proposal``).
+    ``ids``: the sorted columns where the logits can be finite (a draft
+    vocabulary; ``-inf`` everywhere else). Those others can be neither drawn nor
+    proposed, so the transform and the draw run on ``ids`` alone (4,096 columns
+    instead of 49,152) and the distribution is scattered back to full width with
+    zeros elsewhere: the same distribution, since the transform gives ``-inf``
+    no mass, and the same argmax, since sorted ids break ties alike.
     """
+    if ids is None:
+        return _draw(logits, params, generator, argmax_drafts=argmax_drafts)
+    ids = ids.to(logits.device)
+    return draw_on_ids(logits[:, ids], ids, logits.shape[-1], params, generator, argmax_drafts=argmax_drafts)
+
+
+def draw_on_ids(
+    logits: Float[Tensor, "n draft_vocab"],
+    ids: Int[Tensor, " draft_vocab"],
+    vocab_size: int,
+    params: list[SamplingParams],
+    generator: torch.Generator,
+    *,
+    argmax_drafts: bool = False,
+) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
+    """``draw_drafts`` of logits given on the columns ``ids`` only: drafts as target ids, the distribution full width."""
+    drafts, probs = _draw(logits, params, generator, argmax_drafts=argmax_drafts)
+    if probs is None:
+        return ids[drafts], None
+    full = torch.zeros((probs.shape[0], vocab_size), dtype=probs.dtype, device=probs.device)
+    return ids[drafts], full.index_copy_(1, ids, probs)
+
+
+def _draw(
+    logits: Float[Tensor, "n width"], params: list[SamplingParams], generator: torch.Generator, *, argmax_drafts: bool
+) -> tuple[Int[Tensor, " n"], Float[Tensor, "n width"] | None]:
     if not params:
         return torch.zeros(0, dtype=torch.int64, device=logits.device), logits.softmax(-1)
     if argmax_proposal(params, argmax_drafts=argmax_drafts):

@@ -22,6 +22,7 @@ from backends.autoregressive.metadata import advance_decode_metadata, build_deco
 from backends.autoregressive.networks import EagleHead, ModelDrafter
 from backends.common import DraftCacheOwner
 from backends.context_backlog import MAX_HELD_ROWS, ContextBacklog, ContextRows, committed_slots, rows_with_slots
+from backends.draft_vocab import DraftVocab
 from backends.draw import argmax_proposal, draw_drafts, proposal_source
 from contracts import (
     REJECTED_TOKEN_ID,
@@ -274,7 +275,9 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
         """Sample (or argmax for greedy requests) with the same transform the verifier applies to the target."""
-        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)
+        vocab = getattr(self.network, "draft_vocab", None)  # an EAGLE head's; a draft model scores its own head
+        ids = vocab.ids if isinstance(vocab, DraftVocab) else None
+        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts, ids=ids)
 
 
 def _pad_ids(ids: Int[Tensor, " n"], rows: int) -> Int[Tensor, " rows"]:

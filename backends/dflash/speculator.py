@@ -315,4 +315,6 @@ class DFlashSpeculator(DraftCacheOwner):
         self, logits: Float[Tensor, "n vocab"], params: list[SamplingParams]
     ) -> tuple[Int[Tensor, " n"], Float[Tensor, "n vocab"] | None]:
         """Argmax for greedy requests (and ``argmax_drafts``), else a sample from the verifier's own transform."""
-        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts)
+        vocab = self.network.draft_vocab
+        ids = None if vocab is None else vocab.ids
+        return draw_drafts(logits, params, self.generator, argmax_drafts=self.argmax_drafts, ids=ids)

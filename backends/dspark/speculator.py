@@ -20,7 +20,7 @@ from torch import Tensor
 
 from backends.dflash.network import DFlashNetwork
 from backends.dflash.speculator import DFlashSpeculator, no_block_ran
-from backends.draw import argmax_proposal, draw_drafts
+from backends.draw import argmax_proposal, draw_drafts, draw_on_ids
 from backends.dspark.capacity import StepCost, budget_capacity, prefix_mask, threshold_capacity
 from backends.dspark.heads import DSparkHeads
 from contracts import (
@@ -205,11 +205,7 @@ class DSparkSpeculator(DFlashSpeculator):
             return draw_drafts(logits, params, self.generator)
         ids = vocab.ids.to(backbone.device)
         logits = backbone[:, ids].float() + (self.heads.embed_prev(prev) @ vocab.rows(self.heads.w2).T).float()
-        drafts, probs = draw_drafts(logits, params, self.generator)
-        if probs is None:
-            return ids[drafts], None
-        full = torch.zeros((probs.shape[0], backbone.shape[-1]), dtype=probs.dtype, device=probs.device)
-        return ids[drafts], full.index_copy_(1, ids, probs)
+        return draw_on_ids(logits, ids, backbone.shape[-1], params, self.generator)
 
     def _refit_cost(self, ctx: DraftContext) -> None:
         """``c0 + c1 · tokens`` from the engine's step record (``ctx.step_cost``), every REFIT_EVERY new samples.
