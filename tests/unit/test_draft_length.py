@@ -54,6 +54,19 @@ def test_cost_fit_leaves_out_steps_that_paid_a_one_time_cost() -> None:
     assert fit.seconds(5, 4) == pytest.approx(TRUE.seconds(5, 4), rel=0.03)
 
 
+def test_refits_come_every_few_samples_then_at_a_sixteenth_of_a_full_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, rng, refits = StepCostModel(window=256, refit_every=4), random.Random(2), []
+    real = StepCostModel.refit
+    monkeypatch.setattr(StepCostModel, "refit", lambda self: refits.append(self.observed) or real(self))
+    for _ in range(600):
+        rows, draft = rng.randint(1, 5), rng.randint(0, 4)
+        model.observe(rows, draft, TRUE.seconds(rows, draft))
+    gaps = {a: b - a for a, b in itertools.pairwise(refits)}
+    assert {gap for at, gap in gaps.items() if 20 <= at < 60} == {4}  # the window is short: every refit_every samples
+    assert {gap for at, gap in gaps.items() if at >= 300} == {256 // step_cost.REFIT_SHARE}  # full: a sixteenth
+    assert model.fitted is not None and model.fitted.seconds(5, 4) == pytest.approx(TRUE.seconds(5, 4), rel=0.02)
+
+
 def test_cost_fit_waits_until_the_samples_pin_it_down() -> None:
     model = StepCostModel()
     for rows in (1, 2, 3, 4):  # every step drafted the same: drafting cost and base cannot be told apart
