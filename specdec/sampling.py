@@ -228,11 +228,12 @@ def sample(probs: Float[Tensor, "rows vocab"], generator: torch.Generator | None
 
     ``torch.multinomial`` draws an exponential variate per vocabulary entry on
     the CPU, about 0.8 ms a row at 49k tokens (6.8 ms for a batch of 8, a tenth
-    of its step); this draws one uniform per row (0.36 ms for the 8). Should a parallel scan
-    (on a GPU) round a zero-probability token's interval open, the check below
-    sees the draw and that row is drawn again by ``torch.multinomial``. The
-    checks share one host read, as ``torch.multinomial``'s own did; fake and
-    meta tensors have no values to check.
+    of its step); this draws one uniform per row (0.36 ms for the 8). Should
+    rounding ever land a draw on a token of probability 0 (a block's sum and
+    its running sum are taken in different orders, and a GPU sums in parallel),
+    the check below sees it and that row is drawn again by ``torch.multinomial``.
+    The checks share one host read, as ``torch.multinomial``'s own did; fake
+    and meta tensors have no values to check.
     """
     rows = probs.shape[0]
     u = torch.rand(rows, generator=generator, dtype=torch.float64, device=probs.device)

@@ -19,9 +19,10 @@ candidate bend at each of a few measured row counts (``bend_candidates``)
 and lets the data decide how much each one steepens the cost; with none
 that pays, the model is a straight line. The fit is least squares over a
 sliding window, with every coefficient but ``base`` kept non-negative,
-refitted as samples arrive (less often once the window is full); a fit that prices a one-row plain step at no
-time or less is refitted with ``base`` non-negative too, and one that still
-does is not adopted (the draft-length policy divides by these times).
+refitted as samples arrive (less often once the window is full); a fit
+that prices a one-row plain step at no time or less is refitted with
+``base`` non-negative too, and one that still does is not adopted (the
+draft-length policy divides by these times).
 Steps that prefill are left out: their attention over long prompts is not
 what a decode step's draft length changes. So are, at each refit, steps far
 off the first fit (``OUTLIER_SPREADS``): a kernel compiled on a shape's first
