@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from specdec.hub.errors import ModelStoreError, UnsupportedModelError
+from specdec.hub.kernel_choice import choose_fp32_kernels_once
 from specdec.hub.local import (
     checkpoint_problems,
     checkpoint_tokenizer_config,
@@ -25,10 +26,9 @@ from specdec.hub.local import (
     read_json,
 )
 from specdec.hub.progress import Reporter
-from specdec.hub.store import ModelStore
+from specdec.hub.store import ModelStore, default_root
 from specdec.hub.tokenizer import Tokenizer
 from specdec.nn.config import ModelConfig
-from specdec.nn.fp32_kernels import choose_fp32_kernels
 from specdec.nn.transformer import Transformer
 
 
@@ -58,7 +58,9 @@ def load(
         name = spec.name
     name = str(name)
     cache = store.ensure(name, reporter=reporter, download=download)
-    return _assemble(name, store.hf_config(name), lambda: store.weights(name), Tokenizer.from_dir(cache), dtype, device)
+    return _assemble(
+        name, store.hf_config(name), lambda: store.weights(name), Tokenizer.from_dir(cache), dtype, device, store.root
+    )
 
 
 def _load_checkpoint(path: Path, *, dtype: torch.dtype, device: str | torch.device) -> tuple[Transformer, Tokenizer]:
@@ -74,7 +76,7 @@ def _load_checkpoint(path: Path, *, dtype: torch.dtype, device: str | torch.devi
         raise ModelStoreError(f"cannot read tokenizer.json in {path}: {exc}") from exc
     tokenizer = Tokenizer(backend, checkpoint_tokenizer_config(path))
     config = read_json(path / "config.json")
-    return _assemble(str(path), config, lambda: checkpoint_weights(path), tokenizer, dtype, device)
+    return _assemble(str(path), config, lambda: checkpoint_weights(path), tokenizer, dtype, device, default_root())
 
 
 def _assemble(
@@ -84,6 +86,7 @@ def _assemble(
     tokenizer: Tokenizer,
     dtype: torch.dtype,
     device: str | torch.device,
+    home: Path,
 ) -> tuple[Transformer, Tokenizer]:
     try:
         config = ModelConfig.from_hf_config(hf_config)
@@ -92,5 +95,5 @@ def _assemble(
     if tokenizer.vocab_size != config.vocab_size:
         raise ModelStoreError(f"{name}: the tokenizer has {tokenizer.vocab_size} ids, the model {config.vocab_size}")
     model = Transformer.from_hf_state_dict(config, weights(), dtype=dtype, device=device)
-    choose_fp32_kernels(model)  # ~1 s: which fp32 kernel this host multiplies a few rows faster with
+    choose_fp32_kernels_once(model, home)  # which fp32 kernel this host multiplies a few rows faster with
     return model, tokenizer

@@ -55,16 +55,25 @@ class KernelTiming:
         return self.f_linear_s <= MARGIN * self.packed_s
 
 
+def timed_products(model: Transformer) -> Products:
+    """The decode products whose kernel is chosen: none for a non-fp32 model, without oneDNN, or where no product
+    takes the packed path (the test matrix's tiny models)."""
+    if model.dtype != torch.float32 or not mkldnn_available():
+        return []
+    return [(linear, ws) for linear, ws in model.decode_products() if PackedLinear.packs(ws)]
+
+
+def product_shapes(products: Products) -> list[list[int]]:
+    """Each product's weight shapes, in order: what the timings depend on besides the host."""
+    return [[int(d) for w in ws for d in w.shape] for _, ws in products]
+
+
 def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
     """Time both kernels on ``model`` and send the row counts where ``F.linear`` wins to it; returns the timings.
 
-    Nothing is timed (and nothing changes) for a non-fp32 model, without oneDNN,
-    or where no product of the model takes the packed path (the test matrix's
-    tiny models).
+    Nothing is timed (and nothing changes) where ``timed_products`` finds none.
     """
-    if model.dtype != torch.float32 or not mkldnn_available():
-        return []
-    products = [(linear, ws) for linear, ws in model.decode_products() if PackedLinear.packs(ws)]
+    products = timed_products(model)
     if not products:
         return []
     timings: list[KernelTiming] = []

@@ -296,11 +296,12 @@ def test_a_sharded_checkpoint_directory_loads_in_place(fake: FakeModel, tmp_path
 def test_load_chooses_the_fp32_kernels_on_the_model_it_loaded(
     fake: FakeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[object] = []
-    monkeypatch.setattr(loader, "choose_fp32_kernels", lambda model: seen.append(model) or [])
+    seen: list[tuple[object, Path]] = []
+    monkeypatch.setattr(loader, "choose_fp32_kernels_once", lambda model, home: seen.append((model, home)))
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "default-home"))
     model, _ = load(hf_checkpoint(fake, tmp_path, shards=1))
     _, _ = load(NAME, store=store_for(fake, tmp_path / "home"))
-    assert len(seen) == 2 and seen[0] is model
+    assert [home for _, home in seen] == [tmp_path / "default-home", tmp_path / "home"] and seen[0][0] is model
 
 
 def test_a_path_that_is_not_a_model_is_a_clear_error(fake: FakeModel, tmp_path: Path) -> None:
