@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from packed_models import MEDIUM
 
 import specdec.nn.fp32_kernels as fp32_kernels
 import specdec.nn.packed_linear as packed_linear
@@ -22,25 +22,10 @@ from specdec.nn.packed_linear import (
 )
 from specdec.nn.transformer import Transformer
 
-pytestmark = pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN: nothing is packed")
-
-# Every weight at least 256 x 256 elements: the fp32 packed path applies, as on a real model.
-MEDIUM = ModelConfig.tiny(
-    vocab_size=1024, hidden_size=256, num_heads=4, num_kv_heads=4, head_dim=64, intermediate_size=512
-)
-
-
-@pytest.fixture(autouse=True)
-def restore_choice() -> Iterator[None]:
-    """The choice is process-wide: each test leaves it as it found it."""
-    before = fp32_f_linear_rows()
-    yield
-    set_fp32_f_linear_rows(before)
-
-
-@pytest.fixture(scope="module")
-def medium() -> Transformer:
-    return Transformer(MEDIUM, seed=0)
+pytestmark = [
+    pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN: nothing is packed"),
+    pytest.mark.usefixtures("restore_choice"),  # the choice is process-wide
+]
 
 
 def scripted(f_linear_over_packed: dict[int, float], timed: list[int]):  # type: ignore[no-untyped-def]

@@ -3,36 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from packed_models import MEDIUM
 
 import specdec.hub.kernel_choice as kernel_choice
 from specdec.hub.kernel_choice import CHOICE_FILE, choose_fp32_kernels_once
-from specdec.nn.config import ModelConfig
 from specdec.nn.fp32_kernels import KernelTiming
 from specdec.nn.packed_linear import fp32_f_linear_rows, mkldnn_available, set_fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 
-pytestmark = pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN: nothing is packed")
-
-MEDIUM = ModelConfig.tiny(
-    vocab_size=1024, hidden_size=256, num_heads=4, num_kv_heads=4, head_dim=64, intermediate_size=512
-)
-
-
-@pytest.fixture(autouse=True)
-def restore_choice() -> Iterator[None]:
-    before = fp32_f_linear_rows()
-    yield
-    set_fp32_f_linear_rows(before)
-
-
-@pytest.fixture(scope="module")
-def medium() -> Transformer:
-    return Transformer(MEDIUM, seed=0)
+pytestmark = [
+    pytest.mark.skipif(not mkldnn_available(), reason="this torch build has no oneDNN: nothing is packed"),
+    pytest.mark.usefixtures("restore_choice"),  # the choice is process-wide
+]
 
 
 @pytest.fixture
