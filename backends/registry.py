@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from backends.lookup_first import LookupFirst
 from backends.pretrained import load_draft_vocab, load_drafter, meta_json, read_metadata, resolve, shipped_id
 from specdec.backend_registry import create
 from specdec.nn.transformer import Transformer
@@ -50,6 +51,14 @@ def mark_weights(speculator: Speculator, source: str) -> Speculator:
     return speculator
 
 
+def lookup_first(speculator: Speculator, lookup: int) -> Speculator:
+    """``speculator`` with prompt lookup first (``backends.lookup_first``) where ``lookup``, the shortest suffix match
+    in tokens, is positive; as it is with 0."""
+    if lookup < 0:
+        raise ValueError(f"lookup is the shortest suffix match in tokens (0: no lookup), got {lookup}")
+    return LookupFirst(speculator, min_match=lookup) if lookup else speculator
+
+
 def make_eagle(
     target: Transformer,
     *,
@@ -58,10 +67,12 @@ def make_eagle(
     seed: int = 1,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
+    lookup: int = 0,
 ) -> Speculator:
     """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights.
 
-    A trained file's draft vocabulary is used unless ``full_vocab`` (score the whole LM head).
+    A trained file's draft vocabulary is used unless ``full_vocab`` (score the whole LM head). ``lookup``: prompt
+    lookup first, from suffix matches of at least this many tokens (0: off).
     """
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 
@@ -73,7 +84,7 @@ def make_eagle(
         load_drafter(path, {"head": head})
         head.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
-    return mark_weights(spec, weights_source(path))
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup)
 
 
 def make_draft_model(
@@ -83,7 +94,10 @@ def make_draft_model(
     fused: bool = False,
     seed: int = 1,
     draft: Transformer | None = None,
+    lookup: int = 0,
 ) -> Speculator:
+    """A small draft model of the target's vocabulary (a one-layer copy of its shape by default); ``lookup`` as
+    for ``make_eagle``."""
     from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
 
     if draft is None:
@@ -93,9 +107,10 @@ def make_draft_model(
         raise ValueError(
             f"a draft model needs the target's vocabulary: {draft.config.vocab_size} != {target.config.vocab_size}"
         )
-    return AutoregressiveSpeculator(
+    spec = AutoregressiveSpeculator(
         ModelDrafter(draft), num_spec_tokens=num_spec_tokens, fused=fused, name="draft-model"
     )
+    return lookup_first(spec, lookup)
 
 
 def make_dflash(
@@ -107,10 +122,11 @@ def make_dflash(
     argmax_drafts: bool = False,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
+    lookup: int = 0,
 ) -> Speculator:
     """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win).
 
-    A trained file's draft vocabulary is used unless ``full_vocab``.
+    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` as for ``make_eagle``.
     """
     from backends.dflash import DFlashNetwork, DFlashSpeculator
 
@@ -124,7 +140,7 @@ def make_dflash(
     spec = DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
-    return mark_weights(spec, weights_source(path))
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup)
 
 
 def make_dspark(
@@ -141,10 +157,11 @@ def make_dspark(
     markov_scale: float = 1.0,
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
+    lookup: int = 0,
 ) -> Speculator:
     """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win).
 
-    A trained file's draft vocabulary is used unless ``full_vocab``.
+    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` as for ``make_eagle``.
     """
     from backends.dflash import DFlashNetwork
     from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost
@@ -181,4 +198,4 @@ def make_dspark(
         if c0 is None and c1 is None
         else StepCost(c0=1.0 if c0 is None else c0, c1=0.05 if c1 is None else c1),
     )
-    return mark_weights(spec, weights_source(path))
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup)

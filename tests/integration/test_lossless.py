@@ -47,7 +47,17 @@ def draft_model(k: int, fused: bool) -> Callable[[Transformer], Speculator]:
     return lambda t: create("draft-model", t, num_spec_tokens=k, fused=fused)
 
 
-DRAFTERS = {"self": self_drafter, "perturbed": perturbed_drafter, "eagle": eagle, "draft-model": draft_model}
+def eagle_lookup_first(k: int, fused: bool) -> Callable[[Transformer], Speculator]:
+    return lambda t: create("eagle", t, num_spec_tokens=k, fused=fused, lookup=1)
+
+
+DRAFTERS = {
+    "self": self_drafter,
+    "perturbed": perturbed_drafter,
+    "eagle": eagle,
+    "draft-model": draft_model,
+    "eagle, lookup first": eagle_lookup_first,
+}
 
 
 @st.composite

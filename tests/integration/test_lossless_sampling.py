@@ -22,12 +22,14 @@ from tests_support import perturbed_copy
 
 from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
 from backends.draft_vocab import DraftVocab
+from backends.lookup_first import LookupFirst
 from specdec.backend_registry import create
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams, probabilities
 from specdec.scheduler import SchedulerConfig
+from specdec.speculator import Speculator
 
 ALPHA = 1e-3
 VOCAB = 6
@@ -48,7 +50,7 @@ def exact_joint(params: SamplingParams, length: int = 3) -> dict[tuple[int, ...]
 
 
 def sample_engine(
-    speculator: Callable[[], AutoregressiveSpeculator | None], params: SamplingParams, seed: int
+    speculator: Callable[[], Speculator | None], params: SamplingParams, seed: int
 ) -> Counter[tuple[int, ...]]:
     engine = Engine(
         TARGET,
@@ -99,10 +101,17 @@ def eagle_with_draft_vocabulary() -> AutoregressiveSpeculator:
     return spec
 
 
+def lookup_first() -> LookupFirst:
+    """One-token matches: after the prompt 1 4 2, any 1, 4 or 2 is looked up, any other token drafted by the model,
+    so a batch's proposals mix one-hot lookup rows into the model's distributions."""
+    return LookupFirst(probabilistic(), min_match=1)
+
+
 CASES = {
     "probabilistic drafts, temperature 1": (probabilistic, SamplingParams(temperature=1.0)),
     "argmax drafts, temperature 1": (argmax_drafts, SamplingParams(temperature=1.0)),
     "draft vocabulary of 3 of 6 tokens, temperature 1": (eagle_with_draft_vocabulary, SamplingParams(temperature=1.0)),
+    "prompt lookup first, then probabilistic drafts, temperature 1": (lookup_first, SamplingParams(temperature=1.0)),
     "probabilistic drafts, t=0.8 top-k 4 top-p 0.9": (
         probabilistic,
         SamplingParams(temperature=0.8, top_k=4, top_p=0.9),

@@ -1,0 +1,105 @@
+"""Prompt lookup first, the model drafter for the rest: a wrapper any ``Speculator`` can be given.
+
+Where a request's latest tokens occurred before in its own history
+(``backends.prompt_lookup``), what followed them then is drafted, at no model
+cost; every other drafting request gets the wrapped drafter's drafts. Measured
+on the benchmark CPU (four HumanEval prompts, 64 tokens, K = 4, greedy), the
+trained DFlash drafter took 132 steps alone and 102 with lookup first, and
+every built-in drafter gained 1.2-1.3x in tokens per second.
+
+The wrapped drafter sees the step with the lookup's requests not drafting,
+exactly as when the draft-length policy gives them no budget: it takes in
+their new context as it does for any idle request, runs its draft syncs and
+forwards as always (so DP ranks stay in step), and its proposal carries its
+own evidence, which the engine checks as before. The lookup's drafts are
+argmax-style: where the wrapped drafter hands the verifier distributions,
+their rows are one-hot, which keeps verification lossless at any
+temperature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from backends.prompt_lookup import SuffixIndex
+from contracts import StepKind
+from specdec.nn.transformer import Transformer
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+
+
+class LookupFirst:
+    """``inner``'s drafts, except for requests whose history holds a match of at least ``min_match`` tokens."""
+
+    def __init__(self, inner: Speculator, *, min_match: int = 3, max_match: int | None = None) -> None:
+        self.inner = inner
+        self.min_match = min_match
+        self.max_match = min_match + 1 if max_match is None else max_match
+        SuffixIndex(min_match=self.min_match, max_match=self.max_match)  # the lengths' check, before any step
+        self.name: str = inner.name
+        self.num_spec_tokens: int = inner.num_spec_tokens
+        self.draft_step_kinds: frozenset[StepKind] = inner.draft_step_kinds
+        self.aux_layers: tuple[int, ...] = inner.aux_layers
+        source = getattr(inner, "weights_source", None)
+        if source is not None:
+            self.weights_source = source
+        self._indexes: dict[str, SuffixIndex] = {}
+        self.looked_up = 0
+        """Requests' drafts that came from the lookup, over all steps (a drafting request counts once a step)."""
+
+    def bind(self, target: Transformer, ctx: DraftContext) -> None:
+        self.inner.bind(target, ctx)
+
+    def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
+        k = self.num_spec_tokens
+        found: dict[int, list[int]] = {}
+        for r, sched in enumerate(step.scheduled):
+            budget = step.draft_budget(r, k)
+            if not budget:
+                continue
+            index = self._indexes.get(sched.req_id)
+            if index is None:
+                index = self._indexes[sched.req_id] = SuffixIndex(min_match=self.min_match, max_match=self.max_match)
+            index.extend(step.committed_tokens[r])
+            drafts = index.drafts(step.next_token_ids[r], budget)
+            if drafts:
+                found[r] = drafts
+        if not found:
+            return self.inner.propose(step, ctx)
+        budgets = [0 if r in found else step.draft_budget(r, k) for r in range(step.num_reqs)]
+        rest = dataclasses.replace(step, drafting=tuple(n > 0 for n in budgets), max_drafts=tuple(budgets))
+        proposal = self.inner.propose(rest, ctx)
+        self.looked_up += len(found)
+        return with_drafts(proposal, found)
+
+    def finish(self, req_id: str) -> None:
+        self._indexes.pop(req_id, None)
+        self.inner.finish(req_id)
+
+
+def with_drafts(proposal: Proposal, drafts: dict[int, list[int]]) -> Proposal:
+    """``proposal`` with rows ``r`` of ``drafts`` drafting those tokens, one-hot wherever it hands over distributions.
+
+    The rows are ones the drafter did not draft, so its tensors are written in
+    place: nothing else reads those rows.
+    """
+    ids = proposal.draft_token_ids
+    counts = list(proposal.num_drafts)
+    rows = sorted(drafts)
+    width = ids.shape[1]
+    table = torch.tensor([drafts[r] + [0] * (width - len(drafts[r])) for r in rows], dtype=ids.dtype)
+    for r in rows:
+        counts[r] = len(drafts[r])
+    index = torch.tensor(rows, dtype=torch.int64, device=ids.device)
+    slots = torch.tensor([[j < len(drafts[r]) for j in range(width)] for r in rows], device=ids.device)
+    ids[index] = torch.where(slots, table.to(ids.device), ids[index])
+    seen: set[int] = set()
+    for probs in (proposal.draft_probs, proposal.sampled_from):
+        if probs is None or id(probs) in seen:
+            continue
+        seen.add(id(probs))
+        one_hot = torch.zeros((len(rows), width, probs.shape[-1]), dtype=probs.dtype, device=probs.device)
+        one_hot.scatter_(2, table.to(probs.device).unsqueeze(-1), 1.0)
+        probs[index] = one_hot * slots.unsqueeze(-1).to(probs.dtype)
+    return dataclasses.replace(proposal, draft_token_ids=ids, num_drafts=tuple(counts))

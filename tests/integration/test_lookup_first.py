@@ -1,0 +1,145 @@
+"""Prompt lookup first (``-O lookup=N``): lossless, checked, and the wrapped drafter never drafts a lookup's row."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+import backends.lookup_first as lookup_first
+from backends import create
+from backends.lookup_first import LookupFirst
+from contracts import enforce
+from specdec.draft_length import DraftLengthPolicy
+from specdec.engine import Engine, EngineConfig
+from specdec.nn.config import ModelConfig
+from specdec.nn.transformer import Transformer
+from specdec.sampling import SamplingParams
+from specdec.scheduler import SchedulerConfig
+from specdec.speculator import DraftContext, Proposal, TargetStep
+from specdec.step_cost import StepCost
+
+CONFIG = EngineConfig(num_blocks=256, block_size=4, scheduler=SchedulerConfig(max_model_len=96))
+ADAPTIVE = EngineConfig(
+    num_blocks=256, block_size=4, scheduler=SchedulerConfig(max_model_len=96), draft_length="adaptive"
+)
+# A repeated phrase (lookups from the start), a short prompt, and one that repeats nothing at first.
+PROMPTS = [(3, 17, 40, 3, 17, 40, 3, 17), (5, 9), (11, 12, 13, 14, 15)]
+DRAFTS_PAY = StepCost(base=0.02, per_row=0.0005, per_proposal=0.001, per_draft=0.0005)
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return Transformer(ModelConfig.tiny(), seed=0)
+
+
+def run(engine: Engine, params: SamplingParams | None = None) -> list[list[int]]:
+    reqs = [
+        engine.add_request(f"q{i}", p, max_tokens=40, params=params or SamplingParams(temperature=0.0), seed=7 + i)
+        for i, p in enumerate(PROMPTS)
+    ]
+    while engine.has_work:
+        engine.step()
+    return [list(r.output) for r in reqs]
+
+
+class Spy:
+    """What the wrapped drafter was asked and what it answered, per proposal that a lookup merged into."""
+
+    def __init__(self, spec: LookupFirst, monkeypatch: pytest.MonkeyPatch, *, separate: bool = False) -> None:
+        """``separate``: the wrapped drafter reports ``sampled_from`` as its own tensor, not ``draft_probs``."""
+        self.merged: list[tuple[TargetStep, TargetStep, Proposal, dict[int, list[int]]]] = []
+        self.inner_drafted = 0
+        outer_propose, inner_propose = spec.propose, spec.inner.propose
+        outer: list[TargetStep] = []
+        inner: list[TargetStep] = []
+
+        def propose_outer(step: TargetStep, ctx: DraftContext) -> Proposal:
+            outer[:] = [step]
+            return outer_propose(step, ctx)
+
+        def propose_inner(step: TargetStep, ctx: DraftContext) -> Proposal:
+            inner[:] = [step]
+            proposal = inner_propose(step, ctx)
+            self.inner_drafted += sum(proposal.num_drafts)
+            if separate and proposal.sampled_from is not None:
+                proposal = dataclasses.replace(proposal, sampled_from=proposal.sampled_from.clone())
+            return proposal
+
+        real = lookup_first.with_drafts
+
+        def with_drafts(proposal: Proposal, drafts: dict[int, list[int]]) -> Proposal:
+            self.merged.append((outer[0], inner[0], proposal, {r: list(d) for r, d in drafts.items()}))
+            return real(proposal, drafts)
+
+        monkeypatch.setattr(spec, "propose", propose_outer)
+        monkeypatch.setattr(spec.inner, "propose", propose_inner)
+        monkeypatch.setattr(lookup_first, "with_drafts", with_drafts)
+
+
+MAKERS: dict[str, Callable[[Transformer], LookupFirst]] = {
+    name: (lambda t, name=name: create(name, t, num_spec_tokens=3, lookup=2))  # type: ignore[misc]
+    for name in ("eagle", "dflash", "dspark", "draft-model")
+}
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("backend", sorted(MAKERS))
+def test_greedy_output_equals_plain_with_both_sources_drafting(
+    target: Transformer, backend: str, adaptive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = run(Engine(target, CONFIG))
+    spec = MAKERS[backend](target)
+    assert isinstance(spec, LookupFirst) and spec.name == backend
+    spy = Spy(spec, monkeypatch)
+    policy = DraftLengthPolicy(3, cost=DRAFTS_PAY) if adaptive else None
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE if adaptive else CONFIG, speculator=spec, draft_policy=policy)
+        assert run(engine) == plain
+    assert spec.looked_up > 0 and spy.inner_drafted > 0  # both sources drafted
+    for outer, step, inner, drafts in spy.merged:
+        for r, tokens in drafts.items():
+            assert not step.drafting[r] and inner.num_drafts[r] == 0  # the wrapped drafter left the row alone
+            assert 0 < len(tokens) <= outer.draft_budget(r, 3)
+
+
+def test_a_lookup_never_drafts_past_the_budget(target: Transformer) -> None:
+    """Under budgets of 1 (the policy's first steps after calibration), every lookup row drafts at most 1."""
+    spec = create("eagle", target, num_spec_tokens=3, lookup=1)
+    assert isinstance(spec, LookupFirst)
+    cheap_one = StepCost(base=0.02, per_row=0.0005, per_proposal=0.001, per_draft=0.05)  # a second draft never pays
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=DraftLengthPolicy(3, cost=cheap_one))
+        assert run(engine) == run(Engine(target, CONFIG))
+    assert spec.looked_up > 0
+    assert engine.metrics.drafted > 0 and not any(engine.metrics.drafted_by_position[1:])
+
+
+@pytest.mark.parametrize(
+    ("backend", "separate"), [("eagle", False), ("dspark", False), ("eagle", True)], ids=["eagle", "dspark", "separate"]
+)
+def test_sampled_proposals_hand_one_hot_rows_for_lookups(
+    target: Transformer, backend: str, separate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drafters that hand the verifier distributions: the lookup's rows become one-hot, checked in ``full`` (VER-3
+    compares ``sampled_from`` with ``draft_probs`` where a drafter reports both)."""
+    spec = create(backend, target, num_spec_tokens=3, lookup=1)  # single-token matches: frequent when sampling
+    assert isinstance(spec, LookupFirst)
+    spy = Spy(spec, monkeypatch, separate=separate)
+    with enforce("full"):
+        run(Engine(target, CONFIG, speculator=spec), SamplingParams(temperature=0.7))
+    checked = [(p, d) for _, _, p, d in spy.merged if p.draft_probs is not None]
+    assert checked, "no merged proposal carried distributions"
+    for proposal, drafts in checked:
+        for r, tokens in drafts.items():
+            for probs in (proposal.draft_probs, proposal.sampled_from):
+                assert probs is not None
+                for j, token in enumerate(tokens):
+                    assert float(probs[r, j, token]) == 1.0 and float(probs[r, j].sum()) == 1.0
+                assert float(probs[r, len(tokens) :].abs().sum()) == 0.0
+
+
+def test_a_negative_lookup_is_refused(target: Transformer) -> None:
+    with pytest.raises(ValueError, match="shortest suffix match"):
+        create("dflash", target, lookup=-1)
