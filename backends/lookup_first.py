@@ -20,13 +20,17 @@ temperature.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from backends.prompt_lookup import SuffixIndex
 from contracts import StepKind
+from specdec.draft_length import DEFAULT_SOURCE
 from specdec.nn.transformer import Transformer
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+
+LOOKUP_SOURCE = "lookup"
 
 
 class LookupFirst:
@@ -58,9 +62,7 @@ class LookupFirst:
             budget = step.draft_budget(r, k)
             if not budget:
                 continue
-            index = self._indexes.get(sched.req_id)
-            if index is None:
-                index = self._indexes[sched.req_id] = SuffixIndex(min_match=self.min_match, max_match=self.max_match)
+            index = self._index(sched.req_id)
             index.extend(step.committed_tokens[r])
             drafts = index.drafts(step.next_token_ids[r], budget)
             if drafts:
@@ -72,6 +74,24 @@ class LookupFirst:
         proposal = self.inner.propose(rest, ctx)
         self.looked_up += len(found)
         return with_drafts(proposal, found)
+
+    def draft_sources(self, tokens: Mapping[str, Sequence[int]]) -> dict[str, str]:
+        """Whose drafts each request gets next step, from its tokens (committed, then the next one): ``lookup`` or
+        the wrapped drafter's (``DEFAULT_SOURCE``). The adaptive draft length keeps separate acceptance rates for
+        each, since a match's drafts are accepted far more often than a small model's."""
+        sources = {}
+        for req_id, history in tokens.items():
+            index = self._index(req_id)
+            index.extend(history, len(history) - 1)
+            found = bool(history) and bool(index.drafts(history[-1], 1))
+            sources[req_id] = LOOKUP_SOURCE if found else DEFAULT_SOURCE
+        return sources
+
+    def _index(self, req_id: str) -> SuffixIndex:
+        index = self._indexes.get(req_id)
+        if index is None:
+            index = self._indexes[req_id] = SuffixIndex(min_match=self.min_match, max_match=self.max_match)
+        return index
 
     def finish(self, req_id: str) -> None:
         self._indexes.pop(req_id, None)

@@ -25,12 +25,14 @@ class SuffixIndex:
         """The committed tokens indexed so far (a copy: the engine's view is read-only and grows in place)."""
         self._starts: dict[tuple[int, ...], int] = {}
 
-    def extend(self, committed: Sequence[int]) -> None:
-        """Index the tokens of ``committed`` past the ones indexed; a history that changed is indexed anew."""
+    def extend(self, committed: Sequence[int], length: int | None = None) -> None:
+        """Index the first ``length`` (all) tokens of ``committed`` past the ones indexed; a history that changed
+        is indexed anew."""
+        end = len(committed) if length is None else length
         known = len(self.tokens)
-        if len(committed) < known or (known and committed[known - 1] != self.tokens[-1]):
+        if end < known or (known and committed[known - 1] != self.tokens[-1]):
             self.tokens, self._starts, known = [], {}, 0
-        self.tokens.extend(int(t) for t in committed[known:])
+        self.tokens.extend(int(t) for t in committed[known:end])
         tokens, starts = self.tokens, self._starts
         for end in range(known + 1, len(tokens) + 1):
             for n in range(self.min_match, min(self.max_match, end) + 1):

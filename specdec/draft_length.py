@@ -65,6 +65,8 @@ steps at 0.94x. So when the choice is close, the policy drafts nothing for two
 decisions (the second step is then a plain step: no drafts to verify, none
 proposed), which costs at most 2 steps in 32 of a small gain. Where drafting
 pays clearly, no baseline is taken."""
+DEFAULT_SOURCE = "model"
+"""The source of a request's drafts when the speculator names none (``choose(..., sources=)``)."""
 CALIBRATION = (1.0, 0.0, 0.5, 1.0, 0.25, 0.0, 0.75, 1.0)
 """Draft lengths of the first steps, as shares of K (rounded up): varied so the cost model can be fitted."""
 
@@ -308,7 +310,9 @@ class DraftLengthPolicy:
         self.cost = StepCostModel()
         """Fed by the engine that runs this policy (its ``DraftContext.step_cost``); ignored with a known ``cost``."""
         self.known_cost = cost
-        self.acceptance = AcceptanceRates(num_spec_tokens)
+        self._by_source: dict[str, AcceptanceRates] = {DEFAULT_SOURCE: AcceptanceRates(num_spec_tokens)}
+        self._source: dict[str, str] = {}
+        """Per request: the source of the drafts it was last given a length for."""
         self.forecast = ForecastCalibration()
         self._expected: dict[str, list[float]] = {}
         """Per request with drafts in flight: the uncalibrated gains of the drafts it was given, by position."""
@@ -336,6 +340,7 @@ class DraftLengthPolicy:
         base_rows: int,
         remaining: Mapping[str, int] | None = None,
         draining: bool = False,
+        sources: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
         """Draft lengths for the requests that may draft next step (each in 0..K).
 
@@ -343,12 +348,17 @@ class DraftLengthPolicy:
         length); a step emits at most one more than it drafts, so drafts past that
         are worth nothing. ``draining``: no request waits for a slot, so the
         batch's progress is that of its slowest request among those with the most
-        tokens left (within K of the most); it needs ``remaining``.
+        tokens left (within K of the most); it needs ``remaining``. ``sources``:
+        where each request's next drafts come from, as the speculator says
+        (prompt lookup or the model, ``backends.lookup_first``); each source has
+        its own acceptance rates (``DEFAULT_SOURCE`` where none is named).
         """
         if draining and remaining is None:
             raise ValueError("a draining batch's critical requests are those with the most tokens left: pass remaining")
         k = self.num_spec_tokens
         self.decisions += 1
+        for rid in req_ids:
+            self._source[rid] = DEFAULT_SOURCE if sources is None else sources.get(rid, DEFAULT_SOURCE)
         cost = self.known_cost or self.cost.fitted
         if cost is None or (self.known_cost is None and self.decisions <= len(CALIBRATION)):
             share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
@@ -357,7 +367,7 @@ class DraftLengthPolicy:
         if self._baseline_left:
             self._baseline_left -= 1
             return dict.fromkeys(req_ids, 0)  # not an idle spell of any request: no probe waits move
-        raw = {rid: self.acceptance.gains(rid) for rid in req_ids}
+        raw = {rid: self.acceptance_of(self._source[rid]).gains(rid) for rid in req_ids}
         if remaining is not None:
             raw = {rid: g[: max(0, remaining[rid] - 1)] for rid, g in raw.items()}
         gains = {rid: self.forecast.apply(g) for rid, g in raw.items()}
@@ -401,8 +411,24 @@ class DraftLengthPolicy:
         recent = itertools.islice(reversed(self.cost.samples), BASELINE_EVERY)
         return all(sample.max_draft for sample in recent)
 
+    @property
+    def acceptance(self) -> AcceptanceRates:
+        """Acceptance of the drafts of ``DEFAULT_SOURCE`` (every draft, unless the speculator names sources)."""
+        return self._by_source[DEFAULT_SOURCE]
+
+    @acceptance.setter
+    def acceptance(self, rates: AcceptanceRates) -> None:
+        self._by_source[DEFAULT_SOURCE] = rates
+
+    def acceptance_of(self, source: str) -> AcceptanceRates:
+        """The acceptance rates of drafts from ``source`` (a new source starts at the prior)."""
+        rates = self._by_source.get(source)
+        if rates is None:
+            rates = self._by_source[source] = AcceptanceRates(self.num_spec_tokens)
+        return rates
+
     def record_verification(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
-        self.acceptance.record(req_id, num_drafts, num_accepted)
+        self.acceptance_of(self._source.get(req_id, DEFAULT_SOURCE)).record(req_id, num_drafts, num_accepted)
         expected = self._expected.pop(req_id, None)
         if expected is not None and num_drafts:
             # A drafter may propose fewer than its budget (DSpark's capacity): only the verified drafts were forecast.
@@ -413,7 +439,9 @@ class DraftLengthPolicy:
             self._probe_wait[req_id] = self._pool_wait = min(2 * wait, self.probe_every * self.probe_backoff)
 
     def forget(self, req_id: str) -> None:
-        self.acceptance.forget(req_id)
+        for rates in self._by_source.values():
+            rates.forget(req_id)
+        self._source.pop(req_id, None)
         self._expected.pop(req_id, None)
         self._idle.pop(req_id, None)
         self._probe_wait.pop(req_id, None)

@@ -399,8 +399,14 @@ class Engine:
         ids = list(remaining)
         # With nobody waiting for a slot the batch only drains: its last request sets the step count.
         draining = not self.scheduler.waiting
+        # A speculator that drafts from more than one source (prompt lookup, then a model) says which each
+        # request's next drafts come from, so the policy weighs them by that source's acceptance.
+        named = getattr(self.speculator, "draft_sources", None)
+        sources = named({r.req_id: r.tokens for r in drafters}) if named is not None and ids else None
         lengths = (
-            self.draft_policy.choose(ids, base_rows=len(ids), remaining=remaining, draining=draining) if ids else {}
+            self.draft_policy.choose(ids, base_rows=len(ids), remaining=remaining, draining=draining, sources=sources)
+            if ids
+            else {}
         )
         out.max_drafts = [
             lengths.get(it.request.req_id, 0) if d else 0 for it, d in zip(batch.items, out.drafting, strict=True)

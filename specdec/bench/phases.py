@@ -48,8 +48,9 @@ class DraftNothing(DraftLengthPolicy):
         base_rows: int,
         remaining: Mapping[str, int] | None = None,
         draining: bool = False,
+        sources: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
-        del base_rows, remaining, draining
+        del base_rows, remaining, draining, sources
         self.decisions += 1
         return dict.fromkeys(req_ids, 0)
 

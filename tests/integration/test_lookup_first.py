@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,51 @@ def test_sampled_proposals_hand_one_hot_rows_for_lookups(
 def test_a_negative_lookup_is_refused(target: Transformer) -> None:
     with pytest.raises(ValueError, match="shortest suffix match"):
         create("dflash", target, lookup=-1)
+
+
+class RecordingPolicy(DraftLengthPolicy):
+    """The adaptive policy, keeping the sources each decision was told."""
+
+    def __init__(self) -> None:
+        super().__init__(3, cost=DRAFTS_PAY)
+        self.told: list[dict[str, str]] = []
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: Any) -> dict[str, int]:
+        self.told.append(dict(context.get("sources") or {}))
+        return super().choose(req_ids, base_rows=base_rows, **context)
+
+
+def test_the_policy_is_told_which_requests_the_lookup_drafts(
+    target: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decision names the source every request's drafts then come from, and the lookup's are counted apart."""
+    spec = create("dflash", target, num_spec_tokens=3, lookup=2)
+    assert isinstance(spec, LookupFirst)
+    policy = RecordingPolicy()
+    outer_propose = spec.propose
+    pairs: list[tuple[dict[str, str], TargetStep, set[str]]] = []
+
+    def propose(step: TargetStep, ctx: DraftContext) -> Proposal:
+        proposal = outer_propose(step, ctx)
+        # The rows the lookup drafted: those whose index (now holding the step's history) has a match.
+        looked = {
+            s.req_id
+            for r, s in enumerate(step.scheduled)
+            if step.draft_budget(r, 3) and spec._indexes[s.req_id].drafts(step.next_token_ids[r], 1)
+        }
+        pairs.append((policy.told[-1] if policy.told else {}, step, looked))
+        return proposal
+
+    monkeypatch.setattr(spec, "propose", propose)
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=policy)
+        assert run(engine) == run(Engine(target, CONFIG))
+    told_lookup = 0
+    for told, step, looked in pairs:
+        for r, s in enumerate(step.scheduled):
+            if step.draft_budget(r, 3):
+                assert (told[s.req_id] == "lookup") == (s.req_id in looked)
+                told_lookup += told[s.req_id] == "lookup"
+    assert told_lookup > 0
+    lookup_trials = policy.acceptance_of("lookup")._pool.trials[0]
+    assert lookup_trials > 0 and policy.acceptance._pool.trials[0] > 0

@@ -461,3 +461,23 @@ def test_the_predicted_gain_is_the_rate_the_choice_maximised() -> None:
     assert predicted_gain({"a": 1}, gains, cost, base_rows=2) == pytest.approx(2.5 / 0.023 / (2 / 0.022) - 1)
     drain = predicted_gain({"a": 1, "b": 1}, gains, cost, base_rows=2, critical={"b"})
     assert drain == pytest.approx(1.1 / 0.024 / (1 / 0.022) - 1)
+
+
+def test_each_draft_source_has_its_own_acceptance_rates() -> None:
+    """Lookup drafts accepted, the model's rejected: in one batch the lookup request drafts K, the other none."""
+    policy = DraftLengthPolicy(4, cost=TRUE)
+    sources = {"copying": "lookup", "writing": "model"}
+    for _ in range(40):
+        lengths = policy.choose(["copying", "writing"], base_rows=2, sources=sources)
+        policy.record_verification("copying", lengths["copying"], lengths["copying"])
+        policy.record_verification("writing", lengths["writing"], 0)
+    assert lengths == {"copying": 4, "writing": 0}
+    assert policy.acceptance_of("lookup").pooled()[0] > 0.9 > 0.2 > policy.acceptance.pooled()[0]
+    # The same request switching source is judged by its new source's rates, and its outcome counted there.
+    policy.choose(["copying"], base_rows=1, sources={"copying": "model"})
+    policy.record_verification("copying", 1, 0)
+    assert policy.acceptance_of("lookup").pooled()[0] > 0.9
+    lengths = policy.choose(["writing"], base_rows=1, sources={"writing": "lookup"})
+    assert lengths == {"writing": 4}
+    policy.forget("copying")
+    assert policy.acceptance_of("lookup").rates("copying") == policy.acceptance_of("lookup").pooled()

@@ -79,3 +79,11 @@ def test_a_history_that_changed_is_indexed_anew() -> None:
 def test_bad_match_lengths_are_refused(min_match: int, max_match: int) -> None:
     with pytest.raises(ValueError, match="1 <= min_match <= max_match"):
         SuffixIndex(min_match=min_match, max_match=max_match)
+
+
+def test_a_prefix_of_the_given_tokens_can_be_indexed() -> None:
+    """``length``: the engine's tokens end with the next token, which is not committed yet."""
+    whole, prefix = SuffixIndex(min_match=1, max_match=2), SuffixIndex(min_match=1, max_match=2)
+    whole.extend([4, 5, 4, 6])
+    prefix.extend([4, 5, 4, 6, 4], 4)
+    assert prefix.tokens == whole.tokens and prefix.drafts(4, 2) == whole.drafts(4, 2) == [6, 4]
