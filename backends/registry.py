@@ -54,8 +54,10 @@ def mark_weights(speculator: Speculator, source: str) -> Speculator:
 def lookup_first(speculator: Speculator, lookup: int) -> Speculator:
     """``speculator`` with prompt lookup first (``backends.lookup_first``) where ``lookup``, the shortest suffix match
     in tokens, is positive; as it is with 0."""
-    if lookup < 0:
-        raise ValueError(f"lookup is the shortest suffix match in tokens (0: no lookup), got {lookup}")
+    if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+        raise ValueError(
+            f"lookup is the shortest suffix match in tokens, an integer >= 0 (0: no lookup), got {lookup!r}"
+        )
     return LookupFirst(speculator, min_match=lookup) if lookup else speculator
 
 

@@ -141,9 +141,10 @@ def test_sampled_proposals_hand_one_hot_rows_for_lookups(
                 assert float(probs[r, len(tokens) :].abs().sum()) == 0.0
 
 
-def test_a_negative_lookup_is_refused(target: Transformer) -> None:
-    with pytest.raises(ValueError, match="shortest suffix match"):
-        create("dflash", target, lookup=-1)
+@pytest.mark.parametrize("bad", [-1, True])  # other types fail the factory's type check first under pytest
+def test_a_lookup_that_is_not_a_count_is_refused(target: Transformer, bad: object) -> None:
+    with pytest.raises(ValueError, match="shortest suffix match in tokens, an integer >= 0"):
+        create("dflash", target, lookup=bad)
 
 
 class RecordingPolicy(DraftLengthPolicy):

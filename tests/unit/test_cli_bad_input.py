@@ -59,6 +59,7 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["generate", "-b", "eagle", "-O", "fused=true", "-O", "fused=false"], "-O fused is given twice"),
         (["generate", "-b", "eagle", "-O", "fused=true", "--fused"], "-O fused and --fused set the same"),
         (["generate", "-b", "plain", "-O", "capacity=8"], "-O capacity needs a speculative backend"),
+        (["generate", "-b", "eagle", "-O", "lookup=-2", "1 2 3"], "an integer >= 0 (0: no lookup), got -2"),
         (["generate", "--prompts-file", "no-such-prompts.txt"], "--prompts-file no-such-prompts.txt: no such file"),
         (["generate", "1 2", "--prompts-file", "-"], "the prompt argument or --prompts-file, not both"),
         (["generate", "--prompts-file", "-", "--num-requests", "2"], "with --prompts-file each line is a request"),
