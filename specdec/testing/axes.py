@@ -27,9 +27,11 @@ AXES_UNREACHED = "axes-unreached"
 PATH_OPTIONS: dict[str, tuple[Any, ...]] = {
     "fused": (False, True),
     "argmax_drafts": (False, True),
+    "lookup": (0, 2),
 }
 """Backend options that select another code path (the fused decode of the autoregressive drafters, DFlash's argmax
-drafts): every family cycles through the values of each one a backend's factory names."""
+drafts, prompt lookup first in front of a built-in drafter): every family cycles through the values of each one a
+backend's factory names."""
 
 DP_SIZES = (1, 2, 4, 8)
 BOUNDARIES = ("none", "max-model-len", "preempt")
@@ -116,6 +118,11 @@ class BoundaryWatch:
         self.drafted_into_max_model_len = False
         self.prefill_chunked = False
         self.graph_modes: set[str] = set()
+        self.looked_up = 0
+        """Drafts a prompt-lookup wrapper (``backends.lookup_first``) took from a request's history, recorded as the
+        axis ``lookup_drafted``: with ``lookup`` on, an example whose requests never repeat themselves tests only the
+        wrapped drafter. Reported, not required: whether a random target repeats itself within a family's first
+        few examples is chance (a full matrix run reached it in every cell)."""
 
     def propose(self, step: TargetStep, ctx: DraftContext, num_spec_tokens: int) -> None:
         self.graph_modes.add(step.desc.cg_mode.name)

@@ -207,6 +207,8 @@ def _record_axes(reached: AxesReached, case: Case, watches: Sequence[BoundaryWat
             reached.add("drafted_into_max_model_len_at_dp", dp)
         if w.preempted:
             reached.add("preempted_while_speculating_at_dp", dp)
+        if w.looked_up:
+            reached.add("lookup_drafted", True)
 
 
 def _run_and_replay(

@@ -61,7 +61,9 @@ class ObservedSpeculator:
         if self.record_calls:
             self.events.append(("propose", step))
         self.watch.propose(step, ctx, self.num_spec_tokens)
-        return self.inner.propose(step, ctx)
+        proposal = self.inner.propose(step, ctx)
+        self.watch.looked_up = int(getattr(self.inner, "looked_up", 0))  # a lookup-first wrapper counts its lookups
+        return proposal
 
     def finish(self, req_id: str) -> None:
         if self.record_calls:

@@ -49,20 +49,33 @@ def test_a_generation_that_misses_the_boundaries_fails_the_family(monkeypatch: p
 
 
 def test_every_path_option_value_is_run_and_a_missed_one_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    good = run_family(factory_for("eagle"), "acceptance", examples=6)
+    no_lookup = {"lookup": 0}  # fixed for the run, so fused is the one path option: a cycle of 3 x 2 examples
+    good = run_family(factory_for("eagle"), "acceptance", examples=6, options=no_lookup)
     assert good.passed and good.axes_reached["fused"] == [False, True], good.first_failure
-    short = run_family(factory_for("eagle"), "acceptance", examples=5)
+    short = run_family(factory_for("eagle"), "acceptance", examples=5, options=no_lookup)
     assert short.passed and not short.axes_judged  # under a full cycle: recorded, not judged
     monkeypatch.setattr(conformance, "option_combinations", lambda paths: [{"fused": False}])  # never fused
-    bad = run_family(factory_for("eagle"), "acceptance", examples=6)
+    bad = run_family(factory_for("eagle"), "acceptance", examples=6, options=no_lookup)
     assert bad.caught_by == [AXES_UNREACHED] and bad.axes_missing == {"fused": [True]}
     assert "axis 'fused' never reached [True]" in (bad.first_failure or "")
     # A mutation run (stop at the first failure) hunts one bug and claims no coverage; the pytest plugin does.
-    assert run_family(factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True).passed
+    assert run_family(
+        factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True, options=no_lookup
+    ).passed
     plugin_like = run_family(
-        factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True, judge_axes=True
+        factory_for("eagle"), "acceptance", examples=6, stop_at_first_failure=True, judge_axes=True, options=no_lookup
     )
     assert plugin_like.caught_by == [AXES_UNREACHED]
+
+
+def test_the_lookup_axis_runs_both_paths_and_records_drafts_from_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle of the acceptance family runs DFlash with and without lookup, and the lookup drafted from history."""
+    options = {"argmax_drafts": False}  # lookup is the one path option: a cycle of 3 x 2 examples
+    good = run_family(factory_for("dflash"), "acceptance", examples=6, options=options)
+    assert good.passed and good.axes_reached["lookup"] == [0, 2] and good.axes_reached["lookup_drafted"] == [True]
+    monkeypatch.setattr("backends.prompt_lookup.SuffixIndex.drafts", lambda self, next_token, k: [])
+    never = run_family(factory_for("dflash"), "acceptance", examples=6, options=options)
+    assert never.passed and "lookup_drafted" not in never.axes_reached  # reported missing, not failed (chance)
 
 
 def _matrix(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any]]:

@@ -38,12 +38,13 @@ def _cycled(family: str, paths: dict[str, tuple[Any, ...]], n: int) -> list[Case
 
 
 def test_path_options_are_the_ones_a_factory_names_and_the_caller_left_free() -> None:
-    assert path_options(factory_for("eagle")) == {"fused": (False, True)}
-    assert path_options(factory_for("draft-model")) == {"fused": (False, True)}
-    assert path_options(factory_for("dflash")) == {"argmax_drafts": (False, True)}
-    assert path_options(factory_for("dspark")) == {}
+    lookup = {"lookup": (0, 2)}
+    assert path_options(factory_for("eagle")) == {"fused": (False, True), **lookup}
+    assert path_options(factory_for("draft-model")) == {"fused": (False, True), **lookup}
+    assert path_options(factory_for("dflash")) == {"argmax_drafts": (False, True), **lookup}
+    assert path_options(factory_for("dspark")) == lookup
     assert path_options(factory_for("ngram")) == {}
-    assert path_options(factory_for("eagle"), {"fused": True}) == {}  # fixed for the whole run: not an axis
+    assert path_options(factory_for("eagle"), {"fused": True, "lookup": 0}) == {}  # fixed for the run: not axes
     assert option_combinations({}) == [{}]
     assert option_combinations({"b": (1, 2), "a": ("x",)}) == [{"a": "x", "b": 1}, {"a": "x", "b": 2}]
 
