@@ -350,7 +350,7 @@ class DraftLengthPolicy:
         batch's progress is that of its slowest request among those with the most
         tokens left (within K of the most); it needs ``remaining``. ``sources``:
         where each request's next drafts come from, as the speculator says
-        (prompt lookup or the model, ``backends.lookup_first``); each source has
+        (prompt lookup or the model: the built-in drafters' ``lookup`` option); each source has
         its own acceptance rates (``DEFAULT_SOURCE`` where none is named).
         """
         if draining and remaining is None:

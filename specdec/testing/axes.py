@@ -119,7 +119,7 @@ class BoundaryWatch:
         self.prefill_chunked = False
         self.graph_modes: set[str] = set()
         self.looked_up = 0
-        """Drafts a prompt-lookup wrapper (``backends.lookup_first``) took from a request's history, recorded as the
+        """Drafts a prompt-lookup wrapper (a built-in drafter's ``lookup`` option) took from a request's history, as the
         axis ``lookup_drafted``: with ``lookup`` on, an example whose requests never repeat themselves tests only the
         wrapped drafter. Reported, not required: whether a random target repeats itself within a family's first
         few examples is chance (a full matrix run reached it in every cell)."""
