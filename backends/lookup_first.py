@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from backends.prompt_lookup import SuffixIndex
+from backends.prompt_lookup import SuffixIndex, check_match_lengths
 from contracts import StepKind
 from specdec.draft_length import DEFAULT_SOURCE
 from specdec.nn.transformer import Transformer
@@ -40,7 +40,7 @@ class LookupFirst:
         self.inner = inner
         self.min_match = min_match
         self.max_match = min_match + 1 if max_match is None else max_match
-        SuffixIndex(min_match=self.min_match, max_match=self.max_match)  # the lengths' check, before any step
+        check_match_lengths(self.min_match, self.max_match)  # before any step, not at a request's first lookup
         self.name: str = inner.name
         self.num_spec_tokens: int = inner.num_spec_tokens
         self.draft_step_kinds: frozenset[StepKind] = inner.draft_step_kinds

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def check_match_lengths(min_match: int, max_match: int) -> None:
+    if not 1 <= min_match <= max_match:
+        raise ValueError(f"match lengths need 1 <= min_match <= max_match, got {min_match} and {max_match}")
+
+
 class SuffixIndex:
     """One request's n-grams (``min_match`` to ``max_match`` tokens) and where each last started."""
 
     def __init__(self, *, min_match: int, max_match: int) -> None:
-        if not 1 <= min_match <= max_match:
-            raise ValueError(f"match lengths need 1 <= min_match <= max_match, got {min_match} and {max_match}")
+        check_match_lengths(min_match, max_match)
         self.min_match = min_match
         self.max_match = max_match
         self.tokens: list[int] = []
@@ -34,9 +38,9 @@ class SuffixIndex:
             self.tokens, self._starts, known = [], {}, 0
         self.tokens.extend(int(t) for t in committed[known:end])
         tokens, starts = self.tokens, self._starts
-        for end in range(known + 1, len(tokens) + 1):
-            for n in range(self.min_match, min(self.max_match, end) + 1):
-                starts[tuple(tokens[end - n : end])] = end - n
+        for stop in range(known + 1, len(tokens) + 1):
+            for n in range(self.min_match, min(self.max_match, stop) + 1):
+                starts[tuple(tokens[stop - n : stop])] = stop - n
 
     def drafts(self, next_token: int, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching suffix of the
