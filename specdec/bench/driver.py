@@ -369,19 +369,12 @@ def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int)
 
 def check_backend_options(options: BenchOptions) -> None:
     """Each ``-O`` key is taken by at least one compared backend, and each backend accepts its values' keys."""
-    from specdec.backend_registry import factory_for
-    from specdec.cli.backend_options import checked
+    from specdec.cli.backend_options import shared_among
     from specdec.cli.errors import UsageError
-    from specdec.llm import factory_options
 
-    for key, _ in options.backend_options:
-        if key == "pretrained":
-            raise UsageError("-O pretrained: bench chooses drafter weights with --weights auto|trained|random")
-        if not any(key in factory_options(factory_for(b)) for b in options.backends):
-            takes = "; ".join(f"{b}: {', '.join(factory_options(factory_for(b))) or 'none'}" for b in options.backends)
-            raise UsageError(f"-O {key}: no compared backend takes it ({takes or 'no backend compared'})")
-    for backend in options.backends:
-        checked(backend, options.k, options.options_for(backend))
+    if any(key == "pretrained" for key, _ in options.backend_options):
+        raise UsageError("-O pretrained: bench chooses drafter weights with --weights auto|trained|random")
+    shared_among(options.backend_options, options.backends, options.k)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -249,6 +249,7 @@ def report(runners: Sequence[RunnerPhases]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.bench.suites import SUITES
     from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, list_of, positive_int
+    from specdec.cli.backend_options import backend_option
 
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
     add_backends_option(p, f"backends {LIST_HELP}; plain is always run (default: {','.join(DEFAULT_BACKENDS)})")
@@ -293,14 +294,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="0 is greedy; above 0 each request samples with its own seed (default: 0)",
     )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bf16: a request's logits do not depend on its batch (as bench --batch-invariant)",
+    )
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
+    p.add_argument(
+        "--backend-option",
+        "-O",
+        dest="backend_option",
+        action="append",
+        type=backend_option,
+        metavar="KEY=VALUE",
+        help="an option for every backend whose factory takes KEY, e.g. -O lookup=3 (repeatable, as in bench)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import contracts
     from specdec.backend_registry import create, names_option
     from specdec.bench.suites import corpus_prompts, encode
+    from specdec.cli.backend_options import shared_among
     from specdec.cli.errors import UsageError, check_backend, check_model
     from specdec.hub import load
 
@@ -310,22 +326,39 @@ def run(args: argparse.Namespace) -> int:
         if name == PLAIN:
             raise UsageError(f"{PLAIN!r} always runs as the baseline; list only backends in --backends")
         check_backend(name)
+    if any(key == "pretrained" for key, _ in args.backend_option or ()):
+        raise UsageError("-O pretrained: bench-phases always runs the shipped drafter weights")
+    shared = shared_among(args.backend_option, backends, args.num_spec_tokens)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
+    try:
+        target.batch_invariant = args.batch_invariant
+    except ValueError as exc:
+        raise UsageError(f"--batch-invariant: {exc}") from None
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
     lengths = list(dict.fromkeys(args.draft_lengths or ["fixed"]))
 
     def factory(name: str) -> Callable[[], Any]:
         if name == PLAIN:
             return lambda: None
-        options: dict[str, Any] = {"num_spec_tokens": args.num_spec_tokens}
+        options: dict[str, Any] = {"num_spec_tokens": args.num_spec_tokens, **shared[name]}
         if names_option(name, "pretrained"):
             options["pretrained"] = args.model
         if args.full_vocab:
             options["full_vocab"] = True
         return lambda: create(name, target, **options)
+
+    for name in backends:  # each factory sees its -O values once here, so a refusal is reported as the user's
+        if shared[name]:
+            try:
+                factory(name)()
+            except (TypeError, ValueError) as exc:
+                given = ", ".join(f"{k}={v!r}" for k, v in shared[name].items())
+                raise UsageError(
+                    f"backend {name!r} refused its options ({given}): {' '.join(str(exc).split())}"
+                ) from None
 
     setups = {PLAIN: (factory(PLAIN), None)} | {
         runner_name(b, length): (factory(b), draft_policy(length, args.num_spec_tokens))

@@ -65,3 +65,22 @@ def checked(backend: str, k: int, options: Mapping[str, Any]) -> dict[str, Any]:
         return SpeculativeConfig.parse({"method": backend, "num_speculative_tokens": k, **options}).options
     except (TypeError, ValueError) as exc:
         raise UsageError(f"-O: {exc}") from None
+
+
+def shared_among(
+    pairs: Sequence[tuple[str, OptionValue]] | None, backends: Sequence[str], k: int
+) -> dict[str, dict[str, Any]]:
+    """``-O`` options given once for several backends: each backend's share (the keys its factory takes), validated.
+
+    A key that none of ``backends`` takes is refused, since it would change nothing.
+    """
+    from specdec.backend_registry import factory_for
+    from specdec.llm import factory_options
+
+    options = collect(pairs)
+    takes = {b: list(factory_options(factory_for(b))) for b in backends}
+    for key in options:
+        if not any(key in names for names in takes.values()):
+            listed = "; ".join(f"{b}: {', '.join(names) or 'none'}" for b, names in takes.items())
+            raise UsageError(f"-O {key}: no compared backend takes it ({listed or 'no backend compared'})")
+    return {b: checked(b, k, {key: v for key, v in options.items() if key in names}) for b, names in takes.items()}

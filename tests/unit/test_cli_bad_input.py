@@ -82,6 +82,9 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["bench-phases", "--prompts", "0"], "--prompts: 0 is out of range"),
         (["bench-phases", "--model", "nosuch"], "unknown model 'nosuch'"),
         (["bench-phases", "--draft-length", "fixed,often"], "unknown 'often'; expected some of fixed, adaptive, idle"),
+        (["bench-phases", "-b", "eagle", "-O", "capacity=8"], "-O capacity: no compared backend takes it (eagle: "),
+        (["bench-phases", "-O", "lookup=1", "-O", "lookup=2"], "-O lookup is given twice (1 and 2); give it once"),
+        (["bench-phases", "-O", "pretrained=x"], "bench-phases always runs the shipped drafter weights"),
     ],
     "bench-decode": [
         (["bench-decode", "--dtypes", "float16"], "--dtypes: unknown 'float16'; expected some of float32"),

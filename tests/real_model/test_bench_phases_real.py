@@ -1,0 +1,53 @@
+"""``specdec bench-phases`` on the cached SmolLM2 with the bench's own knobs: ``-O`` and ``--batch-invariant``.
+
+Without them a phase split of a lookup-first or batch-invariant bench run could
+not be taken at all, and an option that silently never reached the factory
+would time the wrong drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from real_models import SMOLLM2, PulledModel, smollm2  # noqa: F401  (fixture)
+
+import specdec.backend_registry
+from backends.lookup_first import LookupFirst
+from specdec.cli.main import main
+
+
+def test_options_reach_the_factory_and_the_target(
+    smollm2: PulledModel,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    made: list[tuple[Any, Any]] = []
+    create = specdec.backend_registry.create
+
+    def recording(name: str, target: Any, **options: Any) -> Any:
+        speculator = create(name, target, **options)
+        made.append((target, speculator))
+        return speculator
+
+    monkeypatch.setattr(specdec.backend_registry, "create", recording)
+    argv = ["bench-phases", "--model", SMOLLM2, "--backends", "dflash", "--prompts", "1", "--max-tokens", "6"]
+    assert main([*argv, "--rounds", "1", "--batch-invariant", "-O", "lookup=3", "--threads", "2"]) == 0
+    assert made and all(isinstance(s, LookupFirst) and s.min_match == 3 for _, s in made)
+    assert all(t.batch_invariant for t, _ in made)
+    assert "| dflash |" in capsys.readouterr().out
+
+    made.clear()
+    assert main([*argv, "--rounds", "1"]) == 0
+    assert made and not any(isinstance(s, LookupFirst) for _, s in made)
+    assert not any(t.batch_invariant for t, _ in made)
+
+
+def test_a_refused_value_is_the_users_mistake(
+    smollm2: PulledModel,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench-phases", "--model", SMOLLM2, "--backends", "eagle", "-O", "lookup=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: backend 'eagle' refused its options (lookup=-1): lookup is the shortest")
+    assert err.count("\n") == 1
