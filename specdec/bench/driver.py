@@ -198,6 +198,7 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "dtype": options.dtype,
         "batch_invariant": options.batch_invariant,
+        "verify_attention": options.verify_attention,
         "model": options.model,
         "contracts": options.contracts,
     }
@@ -284,7 +285,7 @@ def run_bench(
             **{
                 k: v
                 for k, v in asdict(options).items()
-                if k not in ("model", "dtype", "batch_invariant", "threads", "contracts")
+                if k not in ("model", "dtype", "batch_invariant", "verify_attention", "threads", "contracts")
             },
             "suites": list(options.suites),
             "backends": list(options.backends),
@@ -367,6 +368,12 @@ def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int)
     return total
 
 
+def configure_target(target: Transformer, options: BenchOptions) -> None:
+    """The target's numerics the options ask for: batch invariance, and whether bf16 verify rows attend one by one."""
+    target.batch_invariant = options.batch_invariant
+    target.exact_verify = options.verify_attention == "exact"
+
+
 def check_backend_options(options: BenchOptions) -> None:
     """Each ``-O`` key is taken by at least one compared backend, and each backend accepts its values' keys."""
     from specdec.cli.backend_options import shared_among
@@ -414,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         elif options.peer:
             peer_reason = "the peer runs batch 1 greedy only, and this run has none"
         target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
-        target.batch_invariant = options.batch_invariant
+        configure_target(target, options)
     except (ModelStoreError, UnknownModelError) as exc:
         print(f"specdec bench: {exc} (pull it first: specdec models pull {options.model})", file=sys.stderr)
         if peer is not None:

@@ -37,6 +37,9 @@ class BenchOptions:
     max_prompt_tokens: int = 512
     dtype: str = "float32"
     batch_invariant: bool = False
+    verify_attention: str = "exact"
+    """``exact``: bf16 verify rows attend row by row, each as its decode would; ``batched``: one masked call
+    (``Transformer.exact_verify`` off)."""
     threads: int | None = None
     weights: str = "auto"
     contracts: str = "off"
@@ -159,6 +162,8 @@ class BenchOptions:
             args += ["--prompt-lookup", str(self.prompt_lookup)]
         if self.batch_invariant:
             args.append("--batch-invariant")
+        if self.verify_attention != BenchOptions.verify_attention:
+            args += ["--verify-attention", self.verify_attention]
         return shlex.join(args)
 
 
@@ -222,6 +227,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="bf16: a request's logits do not depend on its batch (slower; Transformer.batch_invariant)",
     )
+    add_verify_attention_option(p)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument(
         "--weights",
@@ -275,6 +281,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         "max_prompt_tokens": args.max_prompt_tokens,
         "dtype": args.dtype,
         "batch_invariant": args.batch_invariant,
+        "verify_attention": args.verify_attention,
         "threads": args.threads,
         "weights": args.weights,
         "contracts": args.contracts,
@@ -309,3 +316,18 @@ def _backends(given: list[str] | None) -> tuple[str, ...]:
             raise ValueError(f"--backend none means plain decoding only; it cannot be listed with {given}")
         return ()
     return tuple(given)
+
+
+VERIFY_ATTENTION = ("exact", "batched")
+
+
+def add_verify_attention_option(p: argparse.ArgumentParser) -> None:
+    """``--verify-attention``, shared by ``bench`` and ``bench-phases``."""
+    p.add_argument(
+        "--verify-attention",
+        choices=VERIFY_ATTENTION,
+        default=BenchOptions.verify_attention,
+        help="bf16 verify rows: exact (each attends alone, equal to its decode bit for bit) or batched (one masked "
+        "call per request: faster, but greedy output may part from plain decoding at near ties) "
+        f"(default: {BenchOptions.verify_attention})",
+    )

@@ -247,6 +247,7 @@ def report(runners: Sequence[RunnerPhases]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specdec.bench.options import add_verify_attention_option
     from specdec.bench.suites import SUITES
     from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, list_of, positive_int
     from specdec.cli.backend_options import backend_option
@@ -299,6 +300,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="bf16: a request's logits do not depend on its batch (as bench --batch-invariant)",
     )
+    add_verify_attention_option(p)
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
     p.add_argument(
@@ -337,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         target.batch_invariant = args.batch_invariant
     except ValueError as exc:
         raise UsageError(f"--batch-invariant: {exc}") from None
+    target.exact_verify = args.verify_attention == "exact"
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
     lengths = list(dict.fromkeys(args.draft_lengths or ["fixed"]))
 

@@ -205,7 +205,13 @@ class AttentionPlan:
 
     @classmethod
     def build(
-        cls, meta: AttentionMetadata, kv: PagedKVStorage, rows: int, *, per_request: bool = False
+        cls,
+        meta: AttentionMetadata,
+        kv: PagedKVStorage,
+        rows: int,
+        *,
+        per_request: bool = False,
+        exact_rows: bool = True,
     ) -> AttentionPlan:
         """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups.
 
@@ -213,7 +219,8 @@ class AttentionPlan:
         if it ran alone (its own width, no padding mask; bf16 verify rows row by
         row), so its outputs do not depend on what else is in the batch. Costs one
         attention call per request (per row for bf16 verify rows) instead of one
-        per query length.
+        per query length. ``exact_rows``: bf16 verify rows attend row by row
+        (``ROW_BY_ROW_DTYPES``); off, every group is one masked call.
         """
         qsl = _validate_rows(rows, meta)
         seq_lens = host_seq_lens(meta)
@@ -256,7 +263,8 @@ class AttentionPlan:
                     bias=torch.zeros(allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
                         ~allowed, float("-inf")
                     )[:, None],
-                    row_by_row=(start is not None or per_request)
+                    row_by_row=exact_rows
+                    and (start is not None or per_request)
                     and meta.causal
                     and 1 < query_len <= ROW_BY_ROW_MAX_QUERY
                     and kv.dtype in ROW_BY_ROW_DTYPES,

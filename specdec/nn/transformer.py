@@ -94,6 +94,8 @@ class SharedStep:
     plan: AttentionPlan | None = None
     per_request: bool = False
     """Attend every request alone (``Transformer.batch_invariant``)."""
+    exact_rows: bool = True
+    """bf16 verify rows attend row by row, each as the decode of its token would (``Transformer.exact_verify``)."""
 
 
 class Embedding(nn.Module):
@@ -190,7 +192,13 @@ class SelfAttention(nn.Module):
             sparse_mask = self.indexer(h[:rows], meta, kv, self.layer)
         plan = shared.plan if shared is not None else None
         if plan is None:
-            plan = AttentionPlan.build(meta, kv, rows, per_request=shared is not None and shared.per_request)
+            plan = AttentionPlan.build(
+                meta,
+                kv,
+                rows,
+                per_request=shared is not None and shared.per_request,
+                exact_rows=shared is None or shared.exact_rows,
+            )
             if shared is not None:
                 shared.plan = plan
         attended = paged_attention(q[:rows], meta, kv, self.layer, sparse_mask=sparse_mask, plan=plan)
@@ -393,6 +401,19 @@ class Transformer(nn.Module):
         )
         self._lm_head_packed = PackedLinear()
         self._batch_invariant = False
+        self.exact_verify = True
+        """Whether a bf16 verify row equals the decode step of the same token bit for bit (on by default).
+
+        On, each bf16 verify row attends alone over exactly its own prefix, as a
+        decode step would, so speculative greedy output equals plain greedy output
+        even at exact logit ties. Off, a request's verify rows attend in one masked
+        call: on the benchmark CPU (bf16, AMX) that took batch-1 greedy HumanEval
+        from 1.46-1.68x to 1.68-1.89x plain and batch 8 with ``batch_invariant``
+        from 1.06-1.12x to 1.20-1.29x, but the call rounds differently from the
+        decode, and greedy output then parts from plain decoding at near ties,
+        some beyond what the bench's tie analysis allows (docs/benchmarks.md).
+        fp32 always takes the masked call (its linears vary with the row count).
+        """
 
     @property
     def batch_invariant(self) -> bool:
@@ -493,7 +514,7 @@ class Transformer(nn.Module):
         wanted = self._aux_indices(aux_layers)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         captured: dict[int, Tensor] = {}
-        shared = SharedStep(per_request=self.batch_invariant)
+        shared = SharedStep(per_request=self.batch_invariant, exact_rows=self.exact_verify)
         for i, layer in enumerate(self.model.decoder_layers()):
             x = layer(x, positions, meta, kv, dp_group, num_tokens_across_dp, shared)
             if i in wanted:

@@ -337,6 +337,18 @@ def test_options_render_the_command_that_reproduces_them() -> None:
     exact = options_from_args(parser.parse_args(["--quick", "--dtype", "bfloat16", "--batch-invariant"]))
     assert exact.batch_invariant and "--batch-invariant" in exact.command()
     assert options_from_args(parser.parse_args(exact.command().split()[2:])) == exact
+    batched = options_from_args(parser.parse_args(["--quick", "--dtype", "bfloat16", "--verify-attention", "batched"]))
+    assert batched.verify_attention == "batched" and "--verify-attention batched" in batched.command()
+    assert options_from_args(parser.parse_args(batched.command().split()[2:])) == batched
+    assert "--verify-attention" not in exact.command()  # the default is not spelled out
+
+    from specdec.bench.driver import configure_target
+
+    target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0, dtype=torch.bfloat16)
+    configure_target(target, batched)
+    assert not target.exact_verify and not target.batch_invariant
+    configure_target(target, exact)
+    assert target.exact_verify and target.batch_invariant
 
 
 def test_peer_reports_a_load_failure_instead_of_hanging(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``specdec bench-phases`` on the cached SmolLM2 with the bench's own knobs: ``-O`` and ``--batch-invariant``.
+"""``specdec bench-phases`` on the cached SmolLM2 with the bench's own knobs: ``-O``, ``--batch-invariant``, ``--verify-attention``.
 
 Without them a phase split of a lookup-first or batch-invariant bench run could
 not be taken at all, and an option that silently never reached the factory
@@ -32,15 +32,16 @@ def test_options_reach_the_factory_and_the_target(
 
     monkeypatch.setattr(specdec.backend_registry, "create", recording)
     argv = ["bench-phases", "--model", SMOLLM2, "--backends", "dflash", "--prompts", "1", "--max-tokens", "6"]
-    assert main([*argv, "--rounds", "1", "--batch-invariant", "-O", "lookup=3", "--threads", "2"]) == 0
+    given = ["--batch-invariant", "--verify-attention", "batched", "-O", "lookup=3", "--threads", "2"]
+    assert main([*argv, "--rounds", "1", *given]) == 0
     assert made and all(isinstance(s, LookupFirst) and s.min_match == 3 for _, s in made)
-    assert all(t.batch_invariant for t, _ in made)
+    assert all(t.batch_invariant and not t.exact_verify for t, _ in made)
     assert "| dflash |" in capsys.readouterr().out
 
     made.clear()
     assert main([*argv, "--rounds", "1"]) == 0
     assert made and not any(isinstance(s, LookupFirst) for _, s in made)
-    assert not any(t.batch_invariant for t, _ in made)
+    assert not any(t.batch_invariant or not t.exact_verify for t, _ in made)
 
 
 def test_a_refused_value_is_the_users_mistake(

@@ -75,6 +75,7 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["bench", "-b", "eagle", "-O", "capacity=threshold"], "-O capacity: no compared backend takes it (eagle: "),
         (["bench", "-b", "dspark", "-O", "pretrained=x"], "bench chooses drafter weights with --weights"),
         (["bench", "-O", "tau"], "'tau' is not KEY=VALUE"),
+        (["bench", "--verify-attention", "fast"], "invalid choice: 'fast' (choose from 'exact', 'batched')"),
     ],
     "bench-phases": [
         (["bench-phases", "--backends", "nosuch"], "unknown backend 'nosuch'"),
@@ -85,6 +86,7 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["bench-phases", "-b", "eagle", "-O", "capacity=8"], "-O capacity: no compared backend takes it (eagle: "),
         (["bench-phases", "-O", "lookup=1", "-O", "lookup=2"], "-O lookup is given twice (1 and 2); give it once"),
         (["bench-phases", "-O", "pretrained=x"], "bench-phases always runs the shipped drafter weights"),
+        (["bench-phases", "--verify-attention", "rows"], "invalid choice: 'rows' (choose from 'exact', 'batched')"),
     ],
     "bench-decode": [
         (["bench-decode", "--dtypes", "float16"], "--dtypes: unknown 'float16'; expected some of float32"),

@@ -728,6 +728,31 @@ def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit(
     assert torch.equal(torch.cat(verified.cached("a")), torch.cat(decoded.cached("a")))
 
 
+@needs_onednn_bf16
+@pytest.mark.parametrize("exact", [True, False])
+def test_exact_verify_off_attends_a_bf16_verify_group_in_one_call(exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exact_verify`` on: one attention call per verify row (what keeps each row equal to its decode); off: one per
+    layer for the whole group (the faster path, whose rows may round differently from the decode)."""
+    import specdec.nn.attention as attention
+
+    bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    bf16.exact_verify = exact
+    session = Session.new(bf16)
+    session.run(Step([("a", tokens(3, 9))]))
+    calls = 0
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return sdpa(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counted)
+    logits = session.run(Step([("a", tokens(4, 5))]))[0]
+    assert logits.shape[0] == 5 and torch.isfinite(logits).all()
+    assert calls == CONFIG.num_layers * (5 if exact else 1)
+
+
 # -- batch invariance (opt-in) -----------------------------------------------------------------------
 
 BATCH_STEPS = [  # per step, the new tokens of each request (a request absent from a step does not run in it)
