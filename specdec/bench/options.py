@@ -13,7 +13,7 @@ from specdec.bench.output import DOCS_PATH
 from specdec.bench.runner import PLAIN
 from specdec.bench.suites import SUITES
 from specdec.cli.argtypes import LIST_HELP, add_backends_option, list_of
-from specdec.cli.backend_options import OptionValue, backend_option, collect
+from specdec.cli.backend_options import OptionValue, add_backend_option, collect
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_BACKENDS = ("eagle", "dflash", "dspark")
@@ -196,14 +196,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default: {','.join(DEFAULT_BACKENDS)})",
     )
     p.add_argument("--num-spec-tokens", "-k", type=int, default=4, help="draft tokens per step, every backend")
-    p.add_argument(
-        "--backend-option",
-        "-O",
-        dest="backend_option",
-        action="append",
-        type=backend_option,
-        metavar="KEY=VALUE",
-        help="an option for every compared backend whose factory takes KEY, e.g. -O capacity=threshold for dspark "
+    add_backend_option(
+        p,
+        "an option for every compared backend whose factory takes KEY, e.g. -O capacity=threshold for dspark "
         "(repeatable); a KEY none of them takes is refused",
     )
     p.add_argument("--max-tokens", type=int, help="new tokens per prompt at most (default 64; --quick 8)")

@@ -250,7 +250,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from specdec.bench.options import add_verify_attention_option
     from specdec.bench.suites import SUITES
     from specdec.cli.argtypes import LIST_HELP, add_backends_option, float_in, list_of, positive_int
-    from specdec.cli.backend_options import backend_option
+    from specdec.cli.backend_options import add_backend_option
 
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: smollm2-135m-instruct)")
     add_backends_option(p, f"backends {LIST_HELP}; plain is always run (default: {','.join(DEFAULT_BACKENDS)})")
@@ -303,14 +303,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_verify_attention_option(p)
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--full-vocab", action="store_true", help="drafters score the whole LM head")
-    p.add_argument(
-        "--backend-option",
-        "-O",
-        dest="backend_option",
-        action="append",
-        type=backend_option,
-        metavar="KEY=VALUE",
-        help="an option for every backend whose factory takes KEY, e.g. -O lookup=3 (repeatable, as in bench)",
+    add_backend_option(
+        p, "an option for every backend whose factory takes KEY, e.g. -O lookup=3 (repeatable, as in bench)"
     )
 
 

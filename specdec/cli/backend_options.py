@@ -29,6 +29,19 @@ def backend_option(text: str) -> tuple[str, OptionValue]:
 backend_option.__name__ = "KEY=VALUE"
 
 
+def add_backend_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--backend-option/-O KEY=VALUE`` (repeatable), collected into ``args.backend_option``."""
+    p.add_argument(
+        "--backend-option",
+        "-O",
+        dest="backend_option",
+        action="append",
+        type=backend_option,
+        metavar="KEY=VALUE",
+        help=help,
+    )
+
+
 def typed_value(raw: str) -> OptionValue:
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"

@@ -94,14 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="'plain', an installed backend (entry point group specdec.backends: eagle, draft-model, dflash, "
         "dspark, ...) or a 'module:factory' spec; generate runs one (default: eagle)",
     )
-    p.add_argument(
-        "--backend-option",
-        "-O",
-        dest="backend_option",
-        action="append",
-        type=backend_options.backend_option,
-        metavar="KEY=VALUE",
-        help="an option of the backend's factory, e.g. -O capacity=8 for dspark (repeatable; VALUE is read as a "
+    backend_options.add_backend_option(
+        p,
+        "an option of the backend's factory, e.g. -O capacity=8 for dspark (repeatable; VALUE is read as a "
         "bool, integer, number or text); an option the backend does not take is refused, listing the valid ones",
     )
     p.add_argument(
