@@ -408,8 +408,8 @@ class Transformer(nn.Module):
         decode step would, so speculative greedy output equals plain greedy output
         even at exact logit ties. Off, a request's verify rows attend in one masked
         call: on the benchmark CPU (bf16, AMX) that took batch-1 greedy HumanEval
-        from 1.46-1.68x to 1.68-1.89x plain and batch 8 with ``batch_invariant``
-        from 1.06-1.12x to 1.20-1.29x, but the call rounds differently from the
+        from 1.46-1.68x to 1.67-1.87x plain and batch 8 with ``batch_invariant``
+        from 1.06-1.12x to 1.22-1.28x, but the call rounds differently from the
         decode, and greedy output then parts from plain decoding at near ties,
         some beyond what the bench's tie analysis allows (docs/benchmarks.md).
         fp32 always takes the masked call (its linears vary with the row count).
