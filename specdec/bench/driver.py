@@ -31,7 +31,7 @@ import contracts
 from specdec.backend_registry import create, names_option
 from specdec.bench.contract_modes import MODES, ModeRunner
 from specdec.bench.lossless import check_lossless, relative_tie_tolerance_for, tie_tolerance_for, top_two
-from specdec.bench.options import BenchOptions, options_from_args
+from specdec.bench.options import BenchOptions, configure_target, options_from_args
 from specdec.bench.output import write_docs, write_outputs
 from specdec.bench.report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
 from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
@@ -368,12 +368,6 @@ def count_runs(workloads: Sequence[Workload], options: BenchOptions, peers: int)
     return total
 
 
-def configure_target(target: Transformer, options: BenchOptions) -> None:
-    """The target's numerics the options ask for: batch invariance, and whether bf16 verify rows attend one by one."""
-    target.batch_invariant = options.batch_invariant
-    target.exact_verify = options.verify_attention == "exact"
-
-
 def check_backend_options(options: BenchOptions) -> None:
     """Each ``-O`` key is taken by at least one compared backend, and each backend accepts its values' keys."""
     from specdec.cli.backend_options import shared_among
@@ -421,7 +415,7 @@ def run(args: argparse.Namespace) -> int:
         elif options.peer:
             peer_reason = "the peer runs batch 1 greedy only, and this run has none"
         target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
-        configure_target(target, options)
+        configure_target(target, batch_invariant=options.batch_invariant, verify_attention=options.verify_attention)
     except (ModelStoreError, UnknownModelError) as exc:
         print(f"specdec bench: {exc} (pull it first: specdec models pull {options.model})", file=sys.stderr)
         if peer is not None:

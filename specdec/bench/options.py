@@ -316,6 +316,15 @@ def _backends(given: list[str] | None) -> tuple[str, ...]:
 VERIFY_ATTENTION = ("exact", "batched")
 
 
+def configure_target(target: Any, *, batch_invariant: bool, verify_attention: str) -> None:
+    """The target's numerics ``bench`` and ``bench-phases`` ask for: batch invariance, and whether bf16 verify rows
+    attend one by one (``exact``) or in one call (``batched``)."""
+    if verify_attention not in VERIFY_ATTENTION:
+        raise ValueError(f"verify_attention must be one of {', '.join(VERIFY_ATTENTION)}, got {verify_attention!r}")
+    target.batch_invariant = batch_invariant
+    target.exact_verify = verify_attention == "exact"
+
+
 def add_verify_attention_option(p: argparse.ArgumentParser) -> None:
     """``--verify-attention``, shared by ``bench`` and ``bench-phases``."""
     p.add_argument(

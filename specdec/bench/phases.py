@@ -311,8 +311,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import contracts
     from specdec.backend_registry import create, names_option
+    from specdec.bench.options import configure_target
     from specdec.bench.suites import corpus_prompts, encode
-    from specdec.cli.backend_options import shared_among
+    from specdec.cli.backend_options import refused, shared_among
     from specdec.cli.errors import UsageError, check_backend, check_model
     from specdec.hub import load
 
@@ -330,10 +331,9 @@ def run(args: argparse.Namespace) -> int:
     contracts.set_mode("off")
     target, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
     try:
-        target.batch_invariant = args.batch_invariant
+        configure_target(target, batch_invariant=args.batch_invariant, verify_attention=args.verify_attention)
     except ValueError as exc:
         raise UsageError(f"--batch-invariant: {exc}") from None
-    target.exact_verify = args.verify_attention == "exact"
     prompts = [encode(tokenizer, p) for p in corpus_prompts(args.suite)[: args.prompts]]
     lengths = list(dict.fromkeys(args.draft_lengths or ["fixed"]))
 
@@ -352,10 +352,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 factory(name)()
             except (TypeError, ValueError) as exc:
-                given = ", ".join(f"{k}={v!r}" for k, v in shared[name].items())
-                raise UsageError(
-                    f"backend {name!r} refused its options ({given}): {' '.join(str(exc).split())}"
-                ) from None
+                raise refused(shared[name], exc, name) from None
 
     setups = {PLAIN: (factory(PLAIN), None)} | {
         runner_name(b, length): (factory(b), draft_policy(length, args.num_spec_tokens))

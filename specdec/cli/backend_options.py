@@ -80,6 +80,14 @@ def checked(backend: str, k: int, options: Mapping[str, Any]) -> dict[str, Any]:
         raise UsageError(f"-O: {exc}") from None
 
 
+def refused(options: Mapping[str, Any], exc: BaseException, backend: str | None = None) -> UsageError:
+    """A factory's refusal of its ``-O`` values (a wrong type, out of range) as the user's mistake, on one line."""
+    given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    reason = " ".join(str(exc).split())  # one line, whatever the factory (or a type checker) wrote
+    who = "the backend" if backend is None else f"backend {backend!r}"
+    return UsageError(f"{who} refused its options ({given}): {reason}")
+
+
 def shared_among(
     pairs: Sequence[tuple[str, OptionValue]] | None, backends: Sequence[str], k: int
 ) -> dict[str, dict[str, Any]]:

@@ -335,9 +335,7 @@ class _option_errors:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self.options and isinstance(exc, (TypeError, ValueError)):
-            given = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-            reason = " ".join(str(exc).split())  # one line, whatever the factory (or a type checker) wrote
-            raise UsageError(f"the backend refused its options ({given}): {reason}") from None
+            raise backend_options.refused(self.options, exc) from None
 
 
 def _build(args: argparse.Namespace, target: Transformer, backend: str) -> tuple[Engine, list[Request]]:

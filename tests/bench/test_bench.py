@@ -342,12 +342,12 @@ def test_options_render_the_command_that_reproduces_them() -> None:
     assert options_from_args(parser.parse_args(batched.command().split()[2:])) == batched
     assert "--verify-attention" not in exact.command()  # the default is not spelled out
 
-    from specdec.bench.driver import configure_target
+    from specdec.bench.options import configure_target
 
     target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0, dtype=torch.bfloat16)
-    configure_target(target, batched)
+    configure_target(target, batch_invariant=batched.batch_invariant, verify_attention=batched.verify_attention)
     assert not target.exact_verify and not target.batch_invariant
-    configure_target(target, exact)
+    configure_target(target, batch_invariant=exact.batch_invariant, verify_attention=exact.verify_attention)
     assert target.exact_verify and target.batch_invariant
 
 
