@@ -46,6 +46,7 @@ _EXPORTS = {
     "build_block_metadata": "specdec.draft_builders",
     "build_decode_metadata": "specdec.draft_builders",
     "draft_decode_positions": "specdec.draft_builders",
+    "keep_freed_memory": "specdec.host_allocator",
     "pad_model_rows": "specdec.draft_builders",
     "padded_rows": "specdec.draft_builders",
     "rows_to_score": "specdec.speculator",
@@ -81,6 +82,7 @@ __all__ = [
     "build_block_metadata",
     "build_decode_metadata",
     "draft_decode_positions",
+    "keep_freed_memory",
     "pad_model_rows",
     "padded_rows",
     "rows_to_score",
@@ -103,6 +105,7 @@ if TYPE_CHECKING:
     from specdec.draft_heads import DraftHeads
     from specdec.draft_step_kinds import StepKindError
     from specdec.engine import Engine, EngineConfig, RunMetrics
+    from specdec.host_allocator import keep_freed_memory
     from specdec.kv_storage import PagedKVStorage
     from specdec.llm import LLM, CompletionOutput, RequestOutput
     from specdec.nn.config import ModelConfig

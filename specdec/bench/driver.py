@@ -37,6 +37,7 @@ from specdec.bench.report import HEADLINE_SUITE, Spread, evaluate_targets, rende
 from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench.suites import Workload, build_workload
 from specdec.draft_length import CALIBRATION
+from specdec.host_allocator import keep_freed_memory
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
@@ -201,6 +202,7 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "verify_attention": options.verify_attention,
         "model": options.model,
         "contracts": options.contracts,
+        "allocator": keep_freed_memory(),  # what the CLI or run_bench set: every later call reports it
     }
 
 
@@ -217,6 +219,7 @@ def run_bench(
     on_run: Callable[[RunRecord], None] = lambda _: None,
 ) -> dict[str, Any]:
     """The whole bench on an already loaded target; returns the JSON report (without plots)."""
+    keep_freed_memory()  # before any run; recorded in the report's environment
     drafters = {
         name: resolve_drafter(
             name,

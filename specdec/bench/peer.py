@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from specdec.bench.runner import RunRecord, RunSpec
 from specdec.bench.suites import Batch
+from specdec.host_allocator import keep_freed_memory
 
 PEER = "transformers"
 PROMPT_LOOKUP = "transformers-pld"
@@ -158,6 +159,7 @@ def _serve(gguf: Path, dtype_name: str, threads: int, proto: IO[str]) -> int:
         say({"error": f"dtype must be float32 or bfloat16, got {dtype_name!r}"})
         return 2
     torch.set_num_threads(threads)
+    allocator = keep_freed_memory()  # the same allocator settings as the engine it is compared with
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
@@ -176,6 +178,7 @@ def _serve(gguf: Path, dtype_name: str, threads: int, proto: IO[str]) -> int:
             "load_s": time.perf_counter() - start,
             "threads": torch.get_num_threads(),
             "dtype": dtype_name,
+            "allocator": allocator,
         }
     )
     for line in sys.stdin:

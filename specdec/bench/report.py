@@ -229,8 +229,9 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         *(["**Interrupted**: partial results from the runs that finished.", ""] if report.get("interrupted") else []),
         f"Run {report['created_utc']} on {env['platform']}, {env['cpu_count']} CPU core(s), torch {env['torch']}, "
         f"{env['threads']} thread(s); target `{env['model']}` in {env['dtype']}; contracts `{env['contracts']}` "
-        f"during timing; K = {cfg['k']}; at most {cfg['max_tokens']} new tokens (stop tokens as `specdec generate`); "
-        f"{cfg['repeats']} interleaved round(s) per batch.",
+        f"during timing; K = {cfg['k']}; at most {cfg['max_tokens']} new tokens (stop tokens as "
+        "`specdec generate`); "
+        f"{cfg['repeats']} interleaved round(s) per batch; host allocator: {env.get('allocator', 'not recorded')}.",
         "",
         _noise_line(report.get("noise")),
         "",
@@ -312,7 +313,8 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         ratio = peer["engine_over_transformers"]
         lines += [
             f"transformers {info.get('transformers', '?')} in a subprocess, {info.get('dtype', '?')}, "
-            f"{info.get('threads', '?')} thread(s), loaded from the source GGUF in {info.get('load_s', 0):.0f} s.",
+            f"{info.get('threads', '?')} thread(s), loaded from the source GGUF in {info.get('load_s', 0):.0f} s; "
+            f"host allocator as the engine's: {info.get('allocator', 'not recorded')}.",
             "",
         ]
         lines += _table(

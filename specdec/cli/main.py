@@ -446,6 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_contract_env(dict(os.environ))
         args = build_parser(command, every=False).parse_args(words)
         args.argv = words[words.index(command) + 1 :] if command is not None else []  # what the command got
+        from specdec.host_allocator import keep_freed_memory
+
+        keep_freed_memory()  # every step reuses the memory the last one freed (the module says why)
         return int(args.func(args))
     except UsageError as exc:
         report(str(exc))
