@@ -258,7 +258,7 @@ def run_bench(
             for workload in workloads:
                 for size in options.batch_sizes:
                     for temperature in options.temperatures:
-                        spec = RunSpec(temperature, options.max_tokens, stop_token_ids, options.seed)
+                        spec = RunSpec.equal_work(temperature, options.max_tokens, stop_token_ids, options.seed)
                         interleave(workload.batches(size), runners, spec, repeats=options.repeats, on_run=collect)
             modes_backend = options.modes_backend
             home = contract_workload(workloads)
@@ -344,7 +344,7 @@ def warm_up(
         if first is None:
             continue
         for temperature in options.temperatures:
-            spec = RunSpec(temperature, spec_tokens, stop_token_ids, options.seed)
+            spec = RunSpec.equal_work(temperature, spec_tokens, stop_token_ids, options.seed)
             for runner in runners:
                 if runner.supports(first.size, spec):
                     runner.run(first, spec, -1)

@@ -229,8 +229,8 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         *(["**Interrupted**: partial results from the runs that finished.", ""] if report.get("interrupted") else []),
         f"Run {report['created_utc']} on {env['platform']}, {env['cpu_count']} CPU core(s), torch {env['torch']}, "
         f"{env['threads']} thread(s); target `{env['model']}` in {env['dtype']}; contracts `{env['contracts']}` "
-        f"during timing; K = {cfg['k']}; at most {cfg['max_tokens']} new tokens (stop tokens as "
-        "`specdec generate`); "
+        f"during timing; K = {cfg['k']}; at most {cfg['max_tokens']} new tokens (greedy runs stop as "
+        "`specdec generate`; sampled ones decode all of them, the same work for every runner); "
         f"{cfg['repeats']} interleaved round(s) per batch; host allocator: {env.get('allocator', 'not recorded')}.",
         "",
         _noise_line(report.get("noise")),

@@ -48,6 +48,21 @@ class RunSpec:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @classmethod
+    def equal_work(cls, temperature: float, max_tokens: int, stop_token_ids: tuple[int, ...], seed: int) -> RunSpec:
+        """A timed run's spec: sampled runs decode all ``max_tokens``, greedy ones stop as ``specdec generate`` does.
+
+        Greedy outputs are the same for every runner (losslessness), stops
+        included. Sampled ones follow each runner's own random draws, so a
+        request may stop early under one runner and not another; in a batch
+        with nobody waiting, its slot then stays empty for the rest of the run:
+        fewer tokens in as many steps. A bench run at batch 8 and T = 1 had
+        DSpark emit 995-997 tokens where plain decoding emitted 1,012-1,018,
+        each in 64 steps a batch, which read as 0.96x plain though its steps
+        cost the same. Without stop tokens every runner does the same work.
+        """
+        return cls(temperature, max_tokens, stop_token_ids if temperature == 0.0 else (), seed)
+
 
 @dataclass
 class RunRecord:

@@ -251,6 +251,32 @@ def tiny_report() -> dict[str, object]:
     return report
 
 
+def test_greedy_runs_stop_at_stop_tokens_and_sampled_runs_decode_every_token() -> None:
+    """Sampled runs do the same work under every runner (``RunSpec.equal_work``); greedy ones stop as generate does."""
+    target, workload = tiny()
+    options = BenchOptions(
+        suites=("humaneval",),
+        backends=("eagle",),
+        max_tokens=5,
+        singles=1,
+        group_size=2,
+        batch_sizes=(1,),
+        temperatures=(0.0, 1.0),
+        repeats=1,
+        weights="random",
+        contract_prompts=0,
+        peer=False,
+    )
+    every_token = tuple(range(target.config.vocab_size))  # each token stops a request that honours stop tokens
+    with contracts.enforce("off"):
+        report = run_bench(target, [workload], every_token, options)
+    lengths = {(r["temperature"], r["runner"]): [len(o) for o in r["outputs"]] for r in report["runs"]}
+    assert lengths[(0.0, PLAIN)] == lengths[(0.0, "eagle")] == [1]
+    assert lengths[(1.0, PLAIN)] == lengths[(1.0, "eagle")] == [5]
+    assert RunSpec.equal_work(0.0, 5, (7,), 0).stop_token_ids == (7,)
+    assert RunSpec.equal_work(1.0, 5, (7,), 0) == RunSpec(1.0, 5, (), 0)
+
+
 def test_tiny_bench_is_lossless_and_summarizes_every_runner(tiny_report: dict[str, object]) -> None:
     report = json.loads(json.dumps(tiny_report))  # JSON-ready throughout
     lossless = report["lossless"]
