@@ -8,9 +8,10 @@ there; both thresholds adapt to the blocks freed so far. Whether a step's
 tensors land on memory the process still holds, or on pages the kernel must
 map and zero again, therefore depends on what else lives on the heap. Measured
 on a 2-core Intel host (SmolLM2-135M in bf16, batch 8, T = 1, drafting nothing):
-the sampling of an engine with a drafter attached took a median 7.6-9.4 ms a
-step (per backend) against 5.9 ms for plain decoding, the same work on the same
-tensors; with both thresholds fixed high, 5.9-6.2 ms for either.
+the sampling of an engine with a drafter attached took a median 7.6-10.1 ms a
+step in 5 of 8 (process, backend) measurements and 5.8-6.3 ms in the others,
+against 5.6-6.4 ms for plain decoding, the same work on the same tensors; with
+both thresholds fixed high, 5.9-6.3 ms for every engine.
 
 ``keep_freed_memory`` fixes the thresholds (``mallopt``), the way tcmalloc or
 jemalloc keep freed memory for reuse. The cost is resident memory: the process
@@ -41,17 +42,16 @@ _THRESHOLD_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MAL
 _applied: str | None = None
 
 
-def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
+def keep_freed_memory() -> str:
     """Fix glibc's trim and mmap thresholds for this process; what was done, in words (for reports).
 
-    Idempotent: a second call reports the first call's outcome. ``environ``
-    defaults to ``os.environ``; settings found there win over this function.
+    Idempotent: a second call reports the first call's outcome. Allocator
+    settings in ``os.environ`` win over this function.
     """
     global _applied
     if _applied is not None:
         return _applied
-    env = os.environ if environ is None else environ
-    reason = _left_alone(env)
+    reason = _left_alone(os.environ)
     if reason is None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         if libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1 or libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specdec import host_allocator
-from specdec.host_allocator import MMAP_THRESHOLD, _left_alone, keep_freed_memory
+from specdec.host_allocator import MMAP_THRESHOLD, _left_alone
 
 GLIBC = sys.platform.startswith("linux") and host_allocator._is_glibc()
 
@@ -83,7 +83,3 @@ def test_the_cli_keeps_freed_memory_before_any_command(monkeypatch: pytest.Monke
     monkeypatch.setattr(host_allocator, "keep_freed_memory", lambda: calls.append("kept") or "kept")
     assert main(["contracts", "--format", "text"]) == 0
     assert calls == ["kept"]
-
-
-def test_a_second_call_reports_the_first_outcome() -> None:
-    assert keep_freed_memory() == keep_freed_memory()
