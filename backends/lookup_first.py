@@ -15,6 +15,14 @@ own evidence, which the engine checks as before. The lookup's drafts are
 argmax-style: where the wrapped drafter hands the verifier distributions,
 their rows are one-hot, which keeps verification lossless at any
 temperature.
+
+A match often holds for longer than a small model's drafts do (on HumanEval
+the acceptance of a lookup's fourth draft was 0.69 given the first three), so
+the lookup may draft more than the wrapped drafter: with ``lookup_drafts``
+above the drafter's K the wrapper's K (the engine's) is ``lookup_drafts``, the
+wrapped drafter is still asked for at most its own K, its proposal is checked
+against its own K (its block evidence included) and then widened, and
+``draft_limits`` tells the adaptive draft length the most each source drafts.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from backends.prompt_lookup import SuffixIndex, check_match_lengths
 from contracts import StepKind
 from specdec.draft_length import DEFAULT_SOURCE
 from specdec.nn.transformer import Transformer
-from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
 
 LOOKUP_SOURCE = "lookup"
 
@@ -36,13 +44,19 @@ LOOKUP_SOURCE = "lookup"
 class LookupFirst:
     """``inner``'s drafts, except for requests whose history holds a match of at least ``min_match`` tokens."""
 
-    def __init__(self, inner: Speculator, *, min_match: int = 3, max_match: int | None = None) -> None:
+    def __init__(
+        self, inner: Speculator, *, min_match: int = 3, max_match: int | None = None, lookup_drafts: int = 0
+    ) -> None:
+        """``lookup_drafts``: the most drafts a match gives (0: the wrapped drafter's K; never fewer than that)."""
         self.inner = inner
         self.min_match = min_match
         self.max_match = min_match + 1 if max_match is None else max_match
         check_match_lengths(self.min_match, self.max_match)  # before any step, not at a request's first lookup
+        check_lookup_drafts(lookup_drafts, inner.num_spec_tokens)
         self.name: str = inner.name
-        self.num_spec_tokens: int = inner.num_spec_tokens
+        self.num_spec_tokens: int = max(inner.num_spec_tokens, lookup_drafts)
+        self.draft_limits: dict[str, int] = {LOOKUP_SOURCE: self.num_spec_tokens, DEFAULT_SOURCE: inner.num_spec_tokens}
+        """The most drafts each source gives a request in one step (``draft_sources`` names the source)."""
         self.draft_step_kinds: frozenset[StepKind] = inner.draft_step_kinds
         self.aux_layers: tuple[int, ...] = inner.aux_layers
         source = getattr(inner, "weights_source", None)
@@ -56,7 +70,7 @@ class LookupFirst:
         self.inner.bind(target, ctx)
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        k = self.num_spec_tokens
+        k, own = self.num_spec_tokens, self.inner.num_spec_tokens
         found: dict[int, list[int]] = {}
         for r, sched in enumerate(step.scheduled):
             budget = step.draft_budget(r, k)
@@ -67,13 +81,17 @@ class LookupFirst:
             drafts = index.drafts(step.next_token_ids[r], budget)
             if drafts:
                 found[r] = drafts
-        if not found:
+        if not found and k == own:
             return self.inner.propose(step, ctx)
-        budgets = [0 if r in found else step.draft_budget(r, k) for r in range(step.num_reqs)]
+        budgets = [0 if r in found else min(step.draft_budget(r, k), own) for r in range(step.num_reqs)]
         rest = dataclasses.replace(step, drafting=tuple(n > 0 for n in budgets), max_drafts=tuple(budgets))
         proposal = self.inner.propose(rest, ctx)
+        if k > own:
+            # The wrapped drafter's proposal is judged at its own K, block evidence and all, before it is widened.
+            check_proposal(proposal, rest, self.inner, component="lookup-first")
+            proposal = widened(proposal, k)
         self.looked_up += len(found)
-        return with_drafts(proposal, found)
+        return with_drafts(proposal, found) if found else proposal
 
     def draft_sources(self, tokens: Mapping[str, Sequence[int]]) -> dict[str, str]:
         """Whose drafts each request gets next step, from its tokens (committed, then the next one): ``lookup`` or
@@ -96,6 +114,50 @@ class LookupFirst:
     def finish(self, req_id: str) -> None:
         self._indexes.pop(req_id, None)
         self.inner.finish(req_id)
+
+
+def check_lookup_drafts(lookup_drafts: int, num_spec_tokens: int) -> None:
+    if isinstance(lookup_drafts, bool) or not isinstance(lookup_drafts, int) or lookup_drafts < 0:
+        raise ValueError(
+            f"lookup_drafts is the most drafts a prompt-lookup match gives, an integer >= 0 (0: the drafter's K), "
+            f"got {lookup_drafts!r}"
+        )
+    if 0 < lookup_drafts < num_spec_tokens:
+        raise ValueError(
+            f"lookup_drafts ({lookup_drafts}) must be 0 or at least the drafter's K ({num_spec_tokens}): the lookup "
+            "drafts as many as the drafter or more"
+        )
+
+
+def widened(proposal: Proposal, width: int) -> Proposal:
+    """``proposal`` with ``width`` draft slots per row: the slots past its own are empty (token 0, probability 0).
+
+    Its block evidence stays behind: it describes a block of the wrapped
+    drafter's K, checked at that K before widening.
+    """
+    ids = proposal.draft_token_ids
+    pad = width - ids.shape[1]
+    if pad <= 0:
+        return proposal
+    wide: dict[int, torch.Tensor] = {}
+
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in wide:  # draft_probs and sampled_from are often one tensor: keep them one
+            shape = (t.shape[0], pad, *t.shape[2:])
+            wide[id(t)] = torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim=1)
+        return wide[id(t)]
+
+    source = proposal.source
+    if source is not None:
+        source = dataclasses.replace(source, logits=grow(source.logits))
+    return dataclasses.replace(
+        proposal,
+        draft_token_ids=grow(ids),
+        draft_probs=None if proposal.draft_probs is None else grow(proposal.draft_probs),
+        sampled_from=None if proposal.sampled_from is None else grow(proposal.sampled_from),
+        evidence=None,
+        source=source,
+    )
 
 
 def with_drafts(proposal: Proposal, drafts: dict[int, list[int]]) -> Proposal:

@@ -51,14 +51,18 @@ def mark_weights(speculator: Speculator, source: str) -> Speculator:
     return speculator
 
 
-def lookup_first(speculator: Speculator, lookup: int) -> Speculator:
+def lookup_first(speculator: Speculator, lookup: int, lookup_drafts: int = 0) -> Speculator:
     """``speculator`` with prompt lookup first (``backends.lookup_first``) where ``lookup``, the shortest suffix match
-    in tokens, is positive; as it is with 0."""
+    in tokens, is positive; as it is with 0. ``lookup_drafts``: the most drafts a match gives (0: the drafter's K)."""
     if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
         raise ValueError(
             f"lookup is the shortest suffix match in tokens, an integer >= 0 (0: no lookup), got {lookup!r}"
         )
-    return LookupFirst(speculator, min_match=lookup) if lookup else speculator
+    if not lookup:
+        if lookup_drafts:
+            raise ValueError(f"lookup_drafts={lookup_drafts!r} needs prompt lookup on: pass lookup=N (N >= 1) too")
+        return speculator
+    return LookupFirst(speculator, min_match=lookup, lookup_drafts=lookup_drafts)
 
 
 def make_eagle(
@@ -70,11 +74,13 @@ def make_eagle(
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
     lookup: int = 0,
+    lookup_drafts: int = 0,
 ) -> Speculator:
     """EAGLE-3-style head; ``pretrained`` (a model name or a ``.safetensors`` path) loads trained weights.
 
     A trained file's draft vocabulary is used unless ``full_vocab`` (score the whole LM head). ``lookup``: prompt
-    lookup first, from suffix matches of at least this many tokens (0: off).
+    lookup first, from suffix matches of at least this many tokens (0: off); ``lookup_drafts``: the most drafts a
+    match gives, at least ``num_spec_tokens`` (0: ``num_spec_tokens``).
     """
     from backends.autoregressive import AutoregressiveSpeculator, EagleHead
 
@@ -86,7 +92,7 @@ def make_eagle(
         load_drafter(path, {"head": head})
         head.draft_vocab = None if full_vocab else load_draft_vocab(path, target.config.vocab_size)
     spec = AutoregressiveSpeculator(head, num_spec_tokens=num_spec_tokens, fused=fused, aux_layers=aux, name="eagle")
-    return lookup_first(mark_weights(spec, weights_source(path)), lookup)
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup, lookup_drafts)
 
 
 def make_draft_model(
@@ -97,9 +103,10 @@ def make_draft_model(
     seed: int = 1,
     draft: Transformer | None = None,
     lookup: int = 0,
+    lookup_drafts: int = 0,
 ) -> Speculator:
-    """A small draft model of the target's vocabulary (a one-layer copy of its shape by default); ``lookup`` as
-    for ``make_eagle``."""
+    """A small draft model of the target's vocabulary (a one-layer copy of its shape by default); ``lookup`` and
+    ``lookup_drafts`` as for ``make_eagle``."""
     from backends.autoregressive import AutoregressiveSpeculator, ModelDrafter
 
     if draft is None:
@@ -112,7 +119,7 @@ def make_draft_model(
     spec = AutoregressiveSpeculator(
         ModelDrafter(draft), num_spec_tokens=num_spec_tokens, fused=fused, name="draft-model"
     )
-    return lookup_first(spec, lookup)
+    return lookup_first(spec, lookup, lookup_drafts)
 
 
 def make_dflash(
@@ -125,10 +132,11 @@ def make_dflash(
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
     lookup: int = 0,
+    lookup_drafts: int = 0,
 ) -> Speculator:
     """DFlash block drafter; ``pretrained`` loads trained weights (their layer count and aux layers win).
 
-    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` as for ``make_eagle``.
+    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` and ``lookup_drafts`` as for ``make_eagle``.
     """
     from backends.dflash import DFlashNetwork, DFlashSpeculator
 
@@ -142,7 +150,7 @@ def make_dflash(
     spec = DFlashSpeculator(
         network, num_spec_tokens=num_spec_tokens, aux_layers=aux, name="dflash", seed=seed, argmax_drafts=argmax_drafts
     )
-    return lookup_first(mark_weights(spec, weights_source(path)), lookup)
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup, lookup_drafts)
 
 
 def make_dspark(
@@ -160,10 +168,11 @@ def make_dspark(
     pretrained: str | Path | None = None,
     full_vocab: bool = False,
     lookup: int = 0,
+    lookup_drafts: int = 0,
 ) -> Speculator:
     """DSpark drafter; ``pretrained`` loads trained weights (their layer count, rank and aux layers win).
 
-    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` as for ``make_eagle``.
+    A trained file's draft vocabulary is used unless ``full_vocab``; ``lookup`` and ``lookup_drafts`` as for ``make_eagle``.
     """
     from backends.dflash import DFlashNetwork
     from backends.dspark import DSparkHeads, DSparkSpeculator, StepCost
@@ -200,4 +209,4 @@ def make_dspark(
         if c0 is None and c1 is None
         else StepCost(c0=1.0 if c0 is None else c0, c1=0.05 if c1 is None else c1),
     )
-    return lookup_first(mark_weights(spec, weights_source(path)), lookup)
+    return lookup_first(mark_weights(spec, weights_source(path)), lookup, lookup_drafts)

@@ -341,6 +341,7 @@ class DraftLengthPolicy:
         remaining: Mapping[str, int] | None = None,
         draining: bool = False,
         sources: Mapping[str, str] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
         """Draft lengths for the requests that may draft next step (each in 0..K).
 
@@ -351,7 +352,9 @@ class DraftLengthPolicy:
         tokens left (within K of the most); it needs ``remaining``. ``sources``:
         where each request's next drafts come from, as the speculator says
         (prompt lookup or the model: the built-in drafters' ``lookup`` option); each source has
-        its own acceptance rates (``DEFAULT_SOURCE`` where none is named).
+        its own acceptance rates (``DEFAULT_SOURCE`` where none is named). ``limits``: the most drafts a
+        source gives a request (K where a source is not named): a lookup may draft more than the model
+        behind it, and a length the source cannot fill would be priced as rows never verified.
         """
         if draining and remaining is None:
             raise ValueError("a draining batch's critical requests are those with the most tokens left: pass remaining")
@@ -363,11 +366,13 @@ class DraftLengthPolicy:
         if cost is None or (self.known_cost is None and self.decisions <= len(CALIBRATION)):
             share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
             length = min(k, int(-(-share * k // 1)))
-            return dict.fromkeys(req_ids, length)
+            return {rid: min(length, (limits or {}).get(self._source[rid], k)) for rid in req_ids}
         if self._baseline_left:
             self._baseline_left -= 1
             return dict.fromkeys(req_ids, 0)  # not an idle spell of any request: no probe waits move
         raw = {rid: self.acceptance_of(self._source[rid]).gains(rid) for rid in req_ids}
+        if limits:
+            raw = {rid: g[: limits.get(self._source[rid], k)] for rid, g in raw.items()}
         if remaining is not None:
             raw = {rid: g[: max(0, remaining[rid] - 1)] for rid, g in raw.items()}
         gains = {rid: self.forecast.apply(g) for rid, g in raw.items()}

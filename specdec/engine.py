@@ -403,8 +403,11 @@ class Engine:
         # request's next drafts come from, so the policy weighs them by that source's acceptance.
         named = getattr(self.speculator, "draft_sources", None)
         sources = named({r.req_id: r.tokens for r in drafters}) if named is not None and ids else None
+        limits = getattr(self.speculator, "draft_limits", None)  # a lookup may draft past the model behind it
         lengths = (
-            self.draft_policy.choose(ids, base_rows=len(ids), remaining=remaining, draining=draining, sources=sources)
+            self.draft_policy.choose(
+                ids, base_rows=len(ids), remaining=remaining, draining=draining, sources=sources, limits=limits
+            )
             if ids
             else {}
         )

@@ -49,8 +49,9 @@ class DraftNothing(DraftLengthPolicy):
         remaining: Mapping[str, int] | None = None,
         draining: bool = False,
         sources: Mapping[str, str] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
-        del base_rows, remaining, draining, sources
+        del base_rows, remaining, draining, sources, limits
         self.decisions += 1
         return dict.fromkeys(req_ids, 0)
 
@@ -347,17 +348,18 @@ def run(args: argparse.Namespace) -> int:
             options["full_vocab"] = True
         return lambda: create(name, target, **options)
 
+    ks: dict[str, int] = {}
     for name in backends:  # each factory sees its -O values once here, so a refusal is reported as the user's
-        if shared[name]:
-            try:
-                factory(name)()
-            except (TypeError, ValueError) as exc:
-                raise refused(shared[name], exc, name) from None
+        try:
+            # The speculator's own K: a lookup drafting past the model's (-O lookup_drafts) raises it.
+            ks[name] = factory(name)().num_spec_tokens
+        except (TypeError, ValueError) as exc:
+            if not shared[name]:
+                raise  # no -O value of the user's to blame: a bug
+            raise refused(shared[name], exc, name) from None
 
     setups = {PLAIN: (factory(PLAIN), None)} | {
-        runner_name(b, length): (factory(b), draft_policy(length, args.num_spec_tokens))
-        for b in backends
-        for length in lengths
+        runner_name(b, length): (factory(b), draft_policy(length, ks[b])) for b in backends for length in lengths
     }
     names = list(setups)
     runners = {n: RunnerPhases(n) for n in names}

@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import torch
 
 import backends.lookup_first as lookup_first
 from backends import create
 from backends.lookup_first import LookupFirst
-from contracts import enforce
+from contracts import ContractViolation, enforce
 from specdec.draft_length import DraftLengthPolicy
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
@@ -193,3 +194,81 @@ def test_the_policy_is_told_which_requests_the_lookup_drafts(
     assert told_lookup > 0
     lookup_trials = policy.acceptance_of("lookup")._pool.trials[0]
     assert lookup_trials > 0 and policy.acceptance._pool.trials[0] > 0
+
+
+PAST_K: dict[str, Callable[[Transformer], LookupFirst]] = {
+    name: (lambda t, name=name: create(name, t, num_spec_tokens=3, lookup=2, lookup_drafts=6))  # type: ignore[misc]
+    for name in ("eagle", "dflash", "dspark")
+}
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("backend", sorted(PAST_K))
+def test_lookups_draft_past_the_models_k_and_the_output_equals_plain(
+    target: Transformer, backend: str, adaptive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lookup_drafts=6`` before a drafter of K = 3: the engine verifies up to 6 drafts of a match, the drafter is
+    asked for 3 at most and its proposal is checked at 3 (``full``), and greedy output is plain decoding's."""
+    plain = run(Engine(target, CONFIG))
+    spec = PAST_K[backend](target)
+    assert spec.num_spec_tokens == 6 and spec.draft_limits == {"lookup": 6, "model": 3}
+    spy = Spy(spec, monkeypatch)
+    asked: list[int] = []
+    inner_propose = spec.inner.propose
+
+    def propose(step: TargetStep, ctx: DraftContext) -> Proposal:
+        asked.extend(step.draft_budget(r, 6) for r in range(step.num_reqs))
+        proposal = inner_propose(step, ctx)
+        assert proposal.draft_token_ids.shape[1] == 3 and max(proposal.num_drafts) <= 3
+        return proposal
+
+    monkeypatch.setattr(spec.inner, "propose", propose)
+    policy = DraftLengthPolicy(6, cost=DRAFTS_PAY) if adaptive else None
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE if adaptive else CONFIG, speculator=spec, draft_policy=policy)
+        assert run(engine) == plain
+    assert max(asked) <= 3 and (adaptive or max(asked) == 3)  # the wrapped drafter is never asked past its K
+    longest = max(len(d) for _, _, _, drafts in spy.merged for d in drafts.values())
+    assert longest > 3  # a match drafted past the model's K
+    assert engine.metrics.drafted_by_position[3] > 0 and sum(engine.metrics.drafted_by_position[6:]) == 0
+
+
+def test_the_wrapped_drafters_proposal_is_checked_at_its_own_k(
+    target: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Widening drops the block evidence, so the wrapper checks it first: a drafter sampling one block row too many
+    is caught (BLK-7) whether or not the lookup drafts past its K."""
+    for lookup_drafts in (0, 6):
+        spec = create("dflash", target, num_spec_tokens=3, lookup=2, lookup_drafts=lookup_drafts)
+        assert isinstance(spec, LookupFirst)
+        inner_propose = spec.inner.propose
+
+        def propose(step: TargetStep, ctx: DraftContext, inner_propose: Any = inner_propose) -> Proposal:
+            proposal = inner_propose(step, ctx)
+            ev = proposal.evidence
+            if ev is None or not ev.num_drafting:
+                return proposal
+            extra = ev.sample_indices[:1]
+            bad = dataclasses.replace(ev, sample_indices=torch.cat([ev.sample_indices, extra]))
+            return dataclasses.replace(proposal, evidence=bad)
+
+        monkeypatch.setattr(spec.inner, "propose", propose)
+        with enforce("shapes"), pytest.raises(ContractViolation) as caught:
+            run(Engine(target, CONFIG, speculator=spec))
+        assert caught.value.invariant_id == "BLK-7"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lookup": 2, "lookup_drafts": 2}, r"lookup_drafts \(2\) must be 0 or at least the drafter's K \(3\)"),
+        ({"lookup": 2, "lookup_drafts": -1}, "an integer >= 0"),
+        ({"lookup": 2, "lookup_drafts": True}, "an integer >= 0"),
+        ({"lookup_drafts": 6}, "needs prompt lookup on"),
+    ],
+)
+def test_lookup_drafts_that_cannot_be_met_are_refused(
+    target: Transformer, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        create("dflash", target, num_spec_tokens=3, **options)

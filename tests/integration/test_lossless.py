@@ -51,12 +51,18 @@ def eagle_lookup_first(k: int, fused: bool) -> Callable[[Transformer], Speculato
     return lambda t: create("eagle", t, num_spec_tokens=k, fused=fused, lookup=1)
 
 
+def eagle_lookup_past_k(k: int, fused: bool) -> Callable[[Transformer], Speculator]:
+    """Lookup drafts up to K + 3 (the engine's K) where EAGLE drafts K."""
+    return lambda t: create("eagle", t, num_spec_tokens=k, fused=fused, lookup=1, lookup_drafts=k + 3)
+
+
 DRAFTERS = {
     "self": self_drafter,
     "perturbed": perturbed_drafter,
     "eagle": eagle,
     "draft-model": draft_model,
     "eagle, lookup first": eagle_lookup_first,
+    "eagle, lookup first past K": eagle_lookup_past_k,
 }
 
 

@@ -107,11 +107,17 @@ def lookup_first() -> LookupFirst:
     return LookupFirst(probabilistic(), min_match=1)
 
 
+def lookup_past_k() -> LookupFirst:
+    """As ``lookup_first``, with a match drafting up to 4 where the model drafts 2: its proposals are widened."""
+    return LookupFirst(probabilistic(), min_match=1, lookup_drafts=4)
+
+
 CASES = {
     "probabilistic drafts, temperature 1": (probabilistic, SamplingParams(temperature=1.0)),
     "argmax drafts, temperature 1": (argmax_drafts, SamplingParams(temperature=1.0)),
     "draft vocabulary of 3 of 6 tokens, temperature 1": (eagle_with_draft_vocabulary, SamplingParams(temperature=1.0)),
     "prompt lookup first, then probabilistic drafts, temperature 1": (lookup_first, SamplingParams(temperature=1.0)),
+    "prompt lookup drafting past the model's K, temperature 1": (lookup_past_k, SamplingParams(temperature=1.0)),
     "probabilistic drafts, t=0.8 top-k 4 top-p 0.9": (
         probabilistic,
         SamplingParams(temperature=0.8, top_k=4, top_p=0.9),

@@ -60,6 +60,11 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["generate", "-b", "eagle", "-O", "fused=true", "--fused"], "-O fused and --fused set the same"),
         (["generate", "-b", "plain", "-O", "capacity=8"], "-O capacity needs a speculative backend"),
         (["generate", "-b", "eagle", "-O", "lookup=-2", "1 2 3"], "an integer >= 0 (0: no lookup), got -2"),
+        (["generate", "-b", "eagle", "-O", "lookup_drafts=8", "1 2 3"], "lookup_drafts=8 needs prompt lookup on"),
+        (
+            ["generate", "-b", "eagle", "-O", "lookup=2", "-O", "lookup_drafts=2", "1 2 3"],
+            "lookup_drafts (2) must be 0 or at least the drafter's K (4)",
+        ),
         (["generate", "--prompts-file", "no-such-prompts.txt"], "--prompts-file no-such-prompts.txt: no such file"),
         (["generate", "1 2", "--prompts-file", "-"], "the prompt argument or --prompts-file, not both"),
         (["generate", "--prompts-file", "-", "--num-requests", "2"], "with --prompts-file each line is a request"),

@@ -481,3 +481,21 @@ def test_each_draft_source_has_its_own_acceptance_rates() -> None:
     assert lengths == {"writing": 4}
     policy.forget("copying")
     assert policy.acceptance_of("lookup").rates("copying") == policy.acceptance_of("lookup").pooled()
+
+
+def test_a_source_never_drafts_past_its_limit() -> None:
+    """A lookup drafting up to 8 before a model of K = 3, both always accepted and rows nearly free: the model's
+    requests get 3 (in calibration too), the lookup's 8, a source the limits do not name K."""
+    sources, limits = {"copying": "lookup", "writing": "model"}, {"lookup": 8, "model": 3}
+    calibrating = DraftLengthPolicy(8)
+    seen = [
+        calibrating.choose(["copying", "writing"], base_rows=2, sources=sources, limits=limits) for _ in CALIBRATION
+    ]
+    assert max(s["writing"] for s in seen) == 3 and max(s["copying"] for s in seen) == 8
+    policy = DraftLengthPolicy(8, cost=StepCost(base=0.02, per_row=0.0001, per_proposal=0.0, per_draft=0.0))
+    for _ in range(40):
+        lengths = policy.choose(["copying", "writing"], base_rows=2, sources=sources, limits=limits)
+        for rid, n in lengths.items():
+            policy.record_verification(rid, n, n)
+    assert lengths == {"copying": 8, "writing": 3}
+    assert policy.choose(["other"], base_rows=1, sources={"other": "model"}, limits={"lookup": 8}) == {"other": 8}
