@@ -219,6 +219,13 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _k_phrase(cfg: dict[str, Any]) -> str:
+    """K, and the longer K of a prompt-lookup match where ``-O lookup_drafts`` raised it past the drafters'."""
+    k = cfg["k"]
+    longer = [int(v) for name, v in cfg.get("backend_options") or [] if name == "lookup_drafts" and int(v) > k]
+    return f"K = {k}" + (f" for the drafters, up to {max(longer)} for a prompt-lookup match" if longer else "")
+
+
 def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
     """The report as markdown: targets, per-suite tables, losslessness, the peer, contract modes, plots."""
     cfg = report["config"]
@@ -229,7 +236,7 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         *(["**Interrupted**: partial results from the runs that finished.", ""] if report.get("interrupted") else []),
         f"Run {report['created_utc']} on {env['platform']}, {env['cpu_count']} CPU core(s), torch {env['torch']}, "
         f"{env['threads']} thread(s); target `{env['model']}` in {env['dtype']}; contracts `{env['contracts']}` "
-        f"during timing; K = {cfg['k']}; at most {cfg['max_tokens']} new tokens (greedy runs stop as "
+        f"during timing; {_k_phrase(cfg)}; at most {cfg['max_tokens']} new tokens (greedy runs stop as "
         "`specdec generate`; sampled ones decode all of them, the same work for every runner); "
         f"{cfg['repeats']} interleaved round(s) per batch; host allocator: {env.get('allocator', 'not recorded')}.",
         "",

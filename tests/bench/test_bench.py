@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -347,6 +348,14 @@ def test_cli_rejects_bad_options_before_loading_anything(
 ) -> None:
     assert main(["bench", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_report_names_a_lookups_longer_k(tiny_report: dict[str, object]) -> None:
+    report: dict[str, Any] = json.loads(json.dumps(tiny_report))
+    k = report["config"]["k"]
+    assert f"; K = {k};" in render_markdown(report)
+    report["config"]["backend_options"] = [["lookup", 3], ["lookup_drafts", k + 4]]
+    assert f"; K = {k} for the drafters, up to {k + 4} for a prompt-lookup match;" in render_markdown(report)
 
 
 def test_options_render_the_command_that_reproduces_them() -> None:
