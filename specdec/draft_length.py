@@ -195,21 +195,31 @@ def best_draft_lengths(
     best: dict[str, int] = dict.fromkeys(gains, 0)
     best_rate = num_sampling / cost.seconds(base_rows, 0) * (1.0 + margin)
     k = max((len(g) for g in gains.values()), default=0)
+    # By gain, then position: equal gains never put a request's draft j + 1 before its draft j. One ranking serves
+    # every m: its drafts up to length m keep their order.
+    ranked = sorted(
+        ((g[j], j + 1, rid) for rid, g in gains.items() for j in range(len(g))),
+        key=lambda c: (-c[0], c[1]),
+    )
+    convex = all(extra >= 0.0 for _, extra in cost.bends)
     for m in range(1, k + 1):
-        # By gain, then position: equal gains never put a request's draft j + 1 before its draft j.
-        ranked = sorted(
-            ((g[j], j + 1, rid) for rid, g in gains.items() for j in range(min(m, len(g)))),
-            key=lambda c: (-c[0], c[1]),
-        )
-        tokens, rows, lengths = float(num_sampling), base_rows, dict.fromkeys(gains, 0)
+        tokens, rows, lengths, longest = float(num_sampling), base_rows, dict.fromkeys(gains, 0), 0
+        rate = tokens / cost.seconds(rows, longest)
         for gain, length, rid in ranked:
+            if length > m:
+                continue
+            settled = longest == m  # from here on a draft adds one row and nothing else to the cost
             tokens += gain
             rows += 1
-            lengths[rid] = max(lengths[rid], length)
-            longest = max(lengths.values())
-            rate = tokens / cost.seconds(rows, longest)
+            lengths[rid] = length
+            longest = max(longest, length)
+            before, rate = rate, tokens / cost.seconds(rows, longest)
             if rate > best_rate * (1.0 + 1e-9):
                 best_rate, best = rate, dict(lengths)
+            elif settled and convex and rate < before:
+                # This draft earned less than the rate it joined; the rest earn no more and cost no less per row
+                # (a convex row cost), so the rate only falls from here.
+                break
     return best
 
 

@@ -6,7 +6,7 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specdec import step_cost
@@ -233,8 +233,13 @@ def batches(draw: st.DrawFn) -> tuple[dict[str, list[float]], StepCost]:
             g.append(survive)
         gains[f"r{r}"] = g
     unit = st.floats(0.0, 0.01)
-    bends = tuple(sorted(draw(st.dictionaries(st.integers(1, 12), unit, max_size=2)).items()))
-    cost = StepCost(draw(st.floats(0.001, 0.05)), draw(unit), draw(unit), draw(unit), bends=bends)
+    per_row = draw(unit)
+    # Bends that steepen the row cost (the fit's) or flatten it (a known cost may): the slope stays >= 0.
+    extras = st.floats(-0.01, 0.01)
+    bends = tuple(sorted(draw(st.dictionaries(st.integers(1, 12), extras, max_size=2)).items()))
+    slopes = itertools.accumulate((extra for _, extra in bends), initial=per_row)
+    assume(all(slope >= 0.0 for slope in slopes))
+    cost = StepCost(draw(st.floats(0.001, 0.05)), per_row, draw(unit), draw(unit), bends=bends)
     return gains, cost
 
 
@@ -250,6 +255,14 @@ def test_the_chosen_lengths_are_the_best_of_every_combination(case: tuple[dict[s
         for combo in itertools.product(range(k + 1), repeat=n)
     )
     assert _rate(chosen, gains, cost, n) == pytest.approx(best, rel=1e-8)  # ties within the choice's own 1e-9
+
+
+def test_a_row_cost_that_flattens_can_make_later_drafts_pay_again() -> None:
+    """Rows free past the sixth (a known cost may say so): the third draft lowers the rate, the fourth and fifth
+    raise it past the best so far, so the search must not stop at the first draft that lowers it."""
+    flattening = StepCost(base=0.02, per_row=0.01, per_proposal=0.0, per_draft=0.0, bends=((6, -0.01),))
+    gains = {"a": [0.9], "b": [0.5], "c": [0.5], "d": [0.5]}
+    assert best_draft_lengths(gains, flattening, base_rows=4, num_sampling=4) == dict.fromkeys(gains, 1)
 
 
 def test_the_policy_calibrates_then_optimises_then_probes_an_idle_request() -> None:
