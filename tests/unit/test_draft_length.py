@@ -258,7 +258,7 @@ def test_the_chosen_lengths_are_the_best_of_every_combination(case: tuple[dict[s
 
 
 def test_a_row_cost_that_flattens_can_make_later_drafts_pay_again() -> None:
-    """Rows free past the sixth (a known cost may say so): the third draft lowers the rate, the fourth and fifth
+    """Rows free past the sixth (a known cost may say so): the second draft lowers the rate, the third and fourth
     raise it past the best so far, so the search must not stop at the first draft that lowers it."""
     flattening = StepCost(base=0.02, per_row=0.01, per_proposal=0.0, per_draft=0.0, bends=((6, -0.01),))
     gains = {"a": [0.9], "b": [0.5], "c": [0.5], "d": [0.5]}
