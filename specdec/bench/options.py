@@ -38,8 +38,8 @@ class BenchOptions:
     dtype: str = "float32"
     batch_invariant: bool = False
     verify_attention: str = "exact"
-    """``exact``: bf16 verify rows attend row by row, each as its decode would; ``batched``: one masked call
-    (``Transformer.exact_verify`` off)."""
+    """``exact``: each bf16 verify row attends as its decode would; ``batched``: one masked call over the exact
+    width (``Transformer.exact_verify`` off)."""
     threads: int | None = None
     weights: str = "auto"
     contracts: str = "off"

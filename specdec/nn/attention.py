@@ -149,20 +149,37 @@ def _validate_rows(rows: int, meta: AttentionMetadata) -> list[int]:
     return qsl
 
 
-ROW_BY_ROW_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
-"""Cache dtypes whose short causal groups of one request attend row by row.
+EXACT_ROW_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
+"""Cache dtypes whose short causal groups of one request attend so that each row equals its decode step.
 
-The attention kernel's rounding depends on the context width it is given, so a
-verify row attended over the group's padded width (its future masked) can
-differ in the last bit from the decode step of the same token, which sees
-exactly its prefix. bf16's packed linears are row-invariant (the same bits at
-any row count), so with exact-width attention a verify row equals that decode
-bit for bit, and a bf16 logit tie (frequent: logits are rounded to bf16) breaks
-the same way in both: speculative decoding then reproduces plain greedy
-exactly. fp32's linears differ with the row count anyway (MKL), so fp32 keeps
-the single masked call."""
-ROW_BY_ROW_MAX_QUERY = 16
+The CPU kernel rounds a query row differently depending on how many query rows
+share its call (one row takes another path than two or more) and on its context
+width unless that width is a multiple of ``EXACT_WIDTH_MULTIPLE``. So a verify
+row attended in one call with its group's other rows can differ in the last bit
+from the decode step of the same token. bf16's packed linears are row-invariant
+(the same bits at any row count), so once attention is too, a verify row equals
+that decode bit for bit, and a bf16 logit tie (frequent: logits are rounded to
+bf16) breaks the same way in both: speculative decoding then reproduces plain
+greedy exactly. fp32's linears differ with the row count anyway (MKL), so fp32
+keeps the single masked call."""
+EXACT_ROW_MAX_QUERY = 16
 """Verify and block-draft sizes; longer groups (prefill chunks) take the single masked call."""
+EXACT_WIDTH_MULTIPLE = 16
+"""Exact groups attend over their context rounded up to a multiple of this, the tail masked.
+
+Measured on the AMX CPU (torch 2.13, bf16, SmolLM2's 9 query and 3 KV heads of
+64, 1 and 2 threads): a one-row call gives the same bits over any width that is
+a multiple of 16 and covers the context (in 1,500 random contexts of 1 to 2,100
+positions, none differed between the width rounded up to 16, 32 or 64 and the
+width rounded up to 64 plus 16 to 192 positions), but not over the exact width (16 % of 1,883 rows differed from the width
+rounded up to 64) nor one rounded up to 4 or 8 (9 % and 5 % of 1,500). With the
+width fixed this way, a query row is computed alone, as a decode row is, whether
+it is the call's only row or one of several laid along the batch dimension (0 of
+1,883 verify rows of 1 to 9 rows differed from their decodes); several query
+rows of one request in one call differ (12 % of 2,728 rows). The rule is the
+kernel's, not a documented guarantee:
+``test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit``
+and the lossless tests hold that on whatever CPU runs them."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,16 +191,20 @@ class _Group:
     width: int
     rows: Int[Tensor, " group_rows"] | None
     """The group's query rows, request-major; ``None`` when they are exactly all rows in order (no gather)."""
-    slots: Int[Tensor, "reqs width"]
+    slots: Int[Tensor, "reqs key_width"]
     start: int | None
     """For a lone request whose context sits in consecutive slots (a CPU cache; batch 1 usually): its first slot,
     so every layer reads a view of the cache instead of gathering it."""
     bias: Float[Tensor, "reqs 1 q_len width"]
     """The mask as scores to add (0 or -inf) in the cache's dtype: the form ``scaled_dot_product_attention`` turns
     a boolean mask into on every call, made once here for every layer."""
-    row_by_row: bool = False
-    """Attend each query row over exactly its own prefix, as a decode step of that token would (see
-    ``ROW_BY_ROW_DTYPES``)."""
+    key_width: int = 0
+    """Context positions read from the cache: ``width``, or for an exact group ``width`` rounded up to
+    ``EXACT_WIDTH_MULTIPLE`` (the extra positions read the null row, or the cache slots just past a consecutive
+    context, and are masked)."""
+    exact_bias: Float[Tensor, "q_len 1 1 key_width"] | None = None
+    """For an exact group (``EXACT_ROW_DTYPES``): each query row's mask over ``key_width`` positions, the rows
+    laid along the batch dimension so that the kernel computes each alone, as the decode of its token."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,11 +237,12 @@ class AttentionPlan:
         """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups.
 
         ``per_request``: every request is a group of its own, attended exactly as
-        if it ran alone (its own width, no padding mask; bf16 verify rows row by
-        row), so its outputs do not depend on what else is in the batch. Costs one
-        attention call per request (per row for bf16 verify rows) instead of one
-        per query length. ``exact_rows``: bf16 verify rows attend row by row
-        (``ROW_BY_ROW_DTYPES``); off, every group is one masked call.
+        if it ran alone (its own width; bf16 rows as in ``exact_rows``), so its
+        outputs do not depend on what else is in the batch. Costs one attention
+        call per request instead of one per query length. ``exact_rows``: a bf16
+        group of one request (a decode, a verify) attends each query row as its
+        decode step would (``EXACT_ROW_DTYPES``); off, every group is one masked
+        call over its exact width.
         """
         qsl = _validate_rows(rows, meta)
         seq_lens = host_seq_lens(meta)
@@ -252,6 +274,25 @@ class AttentionPlan:
             else:
                 allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
             start = _consecutive_start(table, width, kv) if len(reqs) == 1 else None
+            exact = (
+                exact_rows
+                and (start is not None or per_request)
+                and meta.causal
+                and query_len <= EXACT_ROW_MAX_QUERY
+                and kv.dtype in EXACT_ROW_DTYPES
+            )
+            key_width = -(-width // EXACT_WIDTH_MULTIPLE) * EXACT_WIDTH_MULTIPLE if exact else width
+            if start is not None and start + key_width > kv.num_slots:
+                start = None  # the rounded-up width runs past the cache: gather, the tail reading the null row
+            if key_width > width:
+                slots = F.pad(slots, (0, key_width - width), value=kv.null_slot)
+            exact_bias = None
+            if exact:  # one request: its query rows along the batch dimension, each masked to its own prefix
+                row_pos = lens[0] - query_len + torch.arange(query_len, device=device)
+                row_allowed = torch.arange(key_width, device=device)[None, :] <= row_pos[:, None]
+                exact_bias = torch.zeros((query_len, 1, 1, key_width), dtype=kv.dtype, device=device).masked_fill_(
+                    ~row_allowed[:, None, None, :], float("-inf")
+                )
             groups.append(
                 _Group(
                     requests=index,
@@ -263,11 +304,8 @@ class AttentionPlan:
                     bias=torch.zeros(allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
                         ~allowed, float("-inf")
                     )[:, None],
-                    row_by_row=exact_rows
-                    and (start is not None or per_request)
-                    and meta.causal
-                    and 1 < query_len <= ROW_BY_ROW_MAX_QUERY
-                    and kv.dtype in ROW_BY_ROW_DTYPES,
+                    key_width=key_width,
+                    exact_bias=exact_bias,
                 )
             )
         return cls(meta, rows, tuple(seq_lens), tuple(groups))
@@ -349,36 +387,33 @@ def _attend_group(
     scale: float,
     sparse_mask: Bool[Tensor, "num_reqs_padded max_seq"] | None,
 ) -> Float[Tensor, "group_rows heads head_dim"]:
-    """One ``scaled_dot_product_attention`` for the whole group: ``[reqs, heads, q_len, head_dim]`` queries."""
+    """One ``scaled_dot_product_attention`` for the whole group: ``[reqs, heads, q_len, head_dim]`` queries, or for
+    an exact group its rows along the batch dimension, ``[q_len, heads, 1, head_dim]``."""
     reqs, heads, head_dim = group.slots.shape[0], q.shape[1], q.shape[2]
     if group.start is not None:
-        keys, values = kv.slot_range(layer, group.start, group.width)
+        keys, values = kv.slot_range(layer, group.start, group.key_width)
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)
     else:
         keys, values = kv.gather_slots(layer, group.slots)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    if group.exact_bias is not None and sparse_mask is None:
+        n = group.query_len
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            keys.expand(n, -1, -1, -1),
+            values.expand(n, -1, -1, -1),
+            attn_mask=group.exact_bias if group.exact_bias.dtype == q.dtype else group.exact_bias.to(q.dtype),
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.reshape(n, heads, head_dim)
+    if group.key_width > group.width:
+        keys, values = keys[:, :, : group.width], values[:, :, : group.width]
     bias = group.bias if group.bias.dtype == q.dtype else group.bias.to(q.dtype)
     if sparse_mask is not None:
         selected = sparse_mask.index_select(0, group.requests)[:, None, None, : group.width]
         bias = bias.masked_fill(~selected, float("-inf"))
     queries = q.reshape(reqs, group.query_len, heads, head_dim).transpose(1, 2)
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-    if group.row_by_row and sparse_mask is None:
-        first = group.width - group.query_len  # row i sees positions [0, first + i]
-        out = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    queries[:, :, i : i + 1],
-                    keys[:, :, : first + i + 1],
-                    values[:, :, : first + i + 1],
-                    attn_mask=bias[:, :, i : i + 1, : first + i + 1],
-                    scale=scale,
-                    enable_gqa=True,
-                )
-                for i in range(group.query_len)
-            ],
-            dim=2,
-        )
-        return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim)
     # bf16 goes in as bf16: the CPU kernel accumulates scores and softmax in float32 itself (casting the
     # whole cached context to float32 first cost more than the attention).
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)

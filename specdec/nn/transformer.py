@@ -95,7 +95,7 @@ class SharedStep:
     per_request: bool = False
     """Attend every request alone (``Transformer.batch_invariant``)."""
     exact_rows: bool = True
-    """bf16 verify rows attend row by row, each as the decode of its token would (``Transformer.exact_verify``)."""
+    """Each bf16 verify row attends as the decode of its token would (``Transformer.exact_verify``)."""
 
 
 class Embedding(nn.Module):
@@ -404,12 +404,15 @@ class Transformer(nn.Module):
         self.exact_verify = True
         """Whether a bf16 verify row equals the decode step of the same token bit for bit (on by default).
 
-        On, each bf16 verify row attends alone over exactly its own prefix, as a
-        decode step would, so speculative greedy output equals plain greedy output
-        even at exact logit ties. Off, a request's verify rows attend in one masked
-        call: on the benchmark CPU (bf16, AMX) that took batch-1 greedy HumanEval
+        On, each bf16 verify row attends as a decode step of its token does: one
+        query row over its prefix, with the same rounded-up width
+        (``attention.EXACT_WIDTH_MULTIPLE``), the request's rows laid along the
+        kernel's batch dimension, so speculative greedy output equals plain greedy
+        output even at exact logit ties. Off, a request's verify rows attend as
+        one masked call of several query rows: with the earlier row-by-row exact
+        path, on the benchmark CPU (bf16, AMX), that took batch-1 greedy HumanEval
         from 1.46-1.68x to 1.67-1.87x plain and batch 8 with ``batch_invariant``
-        from 1.06-1.12x to 1.22-1.28x, but the call rounds differently from the
+        from 1.06-1.12x to 1.22-1.28x, but such a call rounds differently from the
         decode, and greedy output then parts from plain decoding at near ties,
         some beyond what the bench's tie analysis allows (docs/benchmarks.md).
         fp32 always takes the masked call (its linears vary with the row count).

@@ -730,27 +730,34 @@ def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit(
 
 @needs_onednn_bf16
 @pytest.mark.parametrize("exact", [True, False])
-def test_exact_verify_off_attends_a_bf16_verify_group_in_one_call(exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``exact_verify`` on: one attention call per verify row (what keeps each row equal to its decode); off: one per
-    layer for the whole group (the faster path, whose rows may round differently from the decode)."""
+def test_exact_verify_lays_a_bf16_verify_groups_rows_along_the_batch_dimension(
+    exact: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``exact_verify`` on: one attention call a layer whose batch holds the 5 verify rows, one query row each, over
+    the context rounded up to ``EXACT_WIDTH_MULTIPLE`` (what keeps each row equal to its decode); off: one call of 5
+    query rows over the exact width (faster, but its rows may round differently from the decode)."""
     import specdec.nn.attention as attention
 
     bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
     bf16.exact_verify = exact
     session = Session.new(bf16)
     session.run(Step([("a", tokens(3, 9))]))
-    calls = 0
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     sdpa = F.scaled_dot_product_attention
 
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
-        return sdpa(*args, **kwargs)  # type: ignore[arg-type]
+    def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        return sdpa(q, k, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recorded)
     logits = session.run(Step([("a", tokens(4, 5))]))[0]
     assert logits.shape[0] == 5 and torch.isfinite(logits).all()
-    assert calls == CONFIG.num_layers * (5 if exact else 1)
+    heads, kv_heads, dim = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim
+    width = attention.EXACT_WIDTH_MULTIPLE if exact else 14  # 9 cached + 5 new positions
+    per_layer = (
+        ((5, heads, 1, dim), (5, kv_heads, width, dim)) if exact else ((1, heads, 5, dim), (1, kv_heads, width, dim))
+    )
+    assert shapes == [per_layer] * CONFIG.num_layers
 
 
 # -- batch invariance (opt-in) -----------------------------------------------------------------------
