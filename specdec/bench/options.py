@@ -331,7 +331,8 @@ def add_verify_attention_option(p: argparse.ArgumentParser) -> None:
         "--verify-attention",
         choices=VERIFY_ATTENTION,
         default=BenchOptions.verify_attention,
-        help="bf16 verify rows: exact (each attends alone, equal to its decode bit for bit) or batched (one masked "
-        "call per request: faster, but greedy output may part from plain decoding at near ties) "
+        help="bf16 verify rows: exact (each attends as its decode does, equal to it bit for bit) or batched (one "
+        "call of several query rows per request: slightly faster, but greedy output may part from plain decoding "
+        "at near ties) "
         f"(default: {BenchOptions.verify_attention})",
     )
