@@ -21,6 +21,7 @@ from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
 from specdec.nn.config import ModelConfig
 from specdec.nn.layers import Linear, RMSNorm, WeightInit
+from specdec.nn.packed_linear import DRAFTER_ROW_CHUNK, set_row_chunk
 from specdec.nn.transformer import DecoderLayer, Transformer
 from specdec.speculator import DraftOutput, rows_to_score
 
@@ -69,6 +70,7 @@ class EagleHead(nn.Module):
         self.layer.prepare_packed(rows_path=True)
         if self.draft_vocab is not None:
             self.draft_vocab.prepare(self.target)
+        set_row_chunk(self, DRAFTER_ROW_CHUNK)
 
     def fuse_aux(self, aux: Sequence[Float[Tensor, "*rows hidden"]]) -> Float[Tensor, "*rows hidden"]:
         if len(aux) != self.num_aux:

@@ -27,7 +27,7 @@ from specdec.kv_storage import PagedKVStorage
 from specdec.nn.attention import attend, validate_attention_inputs, write_kv
 from specdec.nn.config import ModelConfig
 from specdec.nn.layers import Linear, RMSNorm, WeightInit, apply_rope
-from specdec.nn.packed_linear import PackedLinear
+from specdec.nn.packed_linear import DRAFTER_ROW_CHUNK, PackedLinear, set_row_chunk
 from specdec.nn.transformer import DecoderLayer, SelfAttention, Transformer
 from specdec.speculator import DraftOutput, rows_to_score
 
@@ -146,6 +146,7 @@ class DFlashNetwork(nn.Module):
             packed.prepare((layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight))
         if self.draft_vocab is not None:
             self.draft_vocab.prepare(self.target)
+        set_row_chunk(self, DRAFTER_ROW_CHUNK)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]

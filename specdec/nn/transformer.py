@@ -37,7 +37,7 @@ from specdec.nn.config import ModelConfig
 from specdec.nn.indexer import SparseIndexer
 from specdec.nn.layers import Linear, RMSNorm, SwiGLUMLP, WeightInit
 from specdec.nn.moe import MoEMLP
-from specdec.nn.packed_linear import ROW_INVARIANT_ROWS, PackedLinear, mkldnn_bf16_available
+from specdec.nn.packed_linear import ROW_INVARIANT_ROWS, PackedLinear, mkldnn_bf16_available, set_row_chunk
 
 
 @dataclass(frozen=True, eq=False)
@@ -440,10 +440,7 @@ class Transformer(nn.Module):
                 "AVX512BW/VL/DQ); this CPU has none, so a bf16 request's bits would still depend on its batch"
             )
         self._batch_invariant = on
-        for module in self.modules():
-            for value in vars(module).values():
-                if isinstance(value, PackedLinear):
-                    value.row_chunk = ROW_INVARIANT_ROWS if on else None
+        set_row_chunk(self, ROW_INVARIANT_ROWS if on else None)
 
     # -- shared with drafters ----------------------------------------------------------------------
 

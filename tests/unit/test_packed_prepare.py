@@ -15,7 +15,7 @@ from backends.draft_vocab import DraftVocab
 from backends.registry import spread_layers
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
-from specdec.nn.packed_linear import mkldnn_available
+from specdec.nn.packed_linear import mkldnn_available, mkldnn_bf16_available
 from specdec.nn.transformer import Transformer
 from specdec.scheduler import SchedulerConfig
 from specdec.speculator import Speculator
@@ -76,3 +76,42 @@ def test_a_bound_drafter_packs_nothing_while_it_decodes(
         engine.step()
     assert engine.metrics.snapshot().counts()["drafted"] > 0
     assert packs == [], f"weights packed inside decode steps: {packs}"
+
+
+def drafter_packed_copies(speculator: Speculator) -> list[packed_linear.PackedLinear]:
+    """Every ``PackedLinear`` the drafter network holds, alone or in a list (the target's are not among them)."""
+    found = []
+    for module in speculator.network.modules():  # type: ignore[attr-defined]
+        for value in vars(module).values():
+            for item in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(item, packed_linear.PackedLinear):
+                    found.append(item)
+    return found
+
+
+@pytest.mark.skipif(not mkldnn_bf16_available(), reason="this CPU has no oneDNN bf16 matmul: bf16 is not packed")
+@pytest.mark.parametrize("make", [eagle, dflash], ids=["eagle", "dflash"])
+def test_a_bound_drafter_multiplies_at_most_its_row_chunk_per_call(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter's context catch-up over a long prompt goes in pieces of at most ``DRAFTER_ROW_CHUNK`` rows, whose
+    row counts recur (a new row count makes oneDNN build a kernel); the target's own linears are left as they are.
+    bf16, where every product is packed (fp32 sends more than 64 rows to MKL's ``F.linear``)."""
+    target = Transformer(MODEL, seed=0, dtype=torch.bfloat16)
+    speculator = make(target)
+    engine = Engine(target, CONFIG, speculator=speculator)
+    copies = drafter_packed_copies(speculator)
+    assert copies and all(c.row_chunk == packed_linear.DRAFTER_ROW_CHUNK for c in copies)
+    assert all(linear.row_chunk is None for linear, _ in target.decode_products())
+    drafter_packs = {id(c._packed) for c in copies if c._packed is not None}
+    rows: list[int] = []
+    real = packed_linear.packed_product
+
+    def recording(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        if id(packed) in drafter_packs:
+            rows.append(x.shape[0])
+        return real(x, packed)
+
+    monkeypatch.setattr(packed_linear, "packed_product", recording)
+    engine.add_request("r", [(7 * i) % 1000 + 1 for i in range(100)], max_tokens=8)
+    while engine.has_work:
+        engine.step()
+    assert rows and max(rows) == packed_linear.DRAFTER_ROW_CHUNK, rows  # the 100-row prefill context came in pieces
