@@ -716,16 +716,36 @@ def test_bf16_model_paged_steps_match_its_dense_forward_and_logits_are_float32()
 
 
 @needs_onednn_bf16
-def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit() -> None:
-    """What makes bf16 speculative decoding reproduce plain greedy: no logit tie can break differently."""
+@pytest.mark.parametrize(
+    ("num_blocks", "prompt_len", "reads_a_view"),
+    [(96, 9, True), (5, 13, False)],
+    ids=["cache-view", "width-past-the-cache-end-gathers"],
+)
+def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit(
+    num_blocks: int, prompt_len: int, reads_a_view: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes bf16 speculative decoding reproduce plain greedy: no logit tie can break differently.
+
+    Both ways an exact group reads its context rounded up to ``EXACT_WIDTH_MULTIPLE``: a view of consecutive cache
+    slots, or (where the rounded-up width would run past the cache's 20 slots) a gather whose tail reads the null row.
+    """
     bf16 = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
-    prompt, drafts = tokens(3, 9), tokens(4, 5)
-    decoded, verified = Session.new(bf16), Session.new(bf16)
+    prompt, drafts = tokens(3, prompt_len), tokens(4, 5)
+    decoded, verified = Session.new(bf16, num_blocks=num_blocks), Session.new(bf16, num_blocks=num_blocks)
     decoded.run(Step([("a", prompt)]))
     verified.run(Step([("a", prompt)]))
     one_by_one = torch.cat([decoded.run(Step([("a", [t])]))[0] for t in drafts])
+    views: list[int] = []
+    real_range = PagedKVStorage.slot_range
+
+    def counted(self: PagedKVStorage, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        views.append(length)
+        return real_range(self, layer, start, length)
+
+    monkeypatch.setattr(PagedKVStorage, "slot_range", counted)
     assert torch.equal(verified.run(Step([("a", drafts)]))[0], one_by_one)
     assert torch.equal(torch.cat(verified.cached("a")), torch.cat(decoded.cached("a")))
+    assert views == ([16] * CONFIG.num_layers if reads_a_view else []), views  # 14 positions rounded up to 16
 
 
 @needs_onednn_bf16
