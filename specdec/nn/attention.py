@@ -171,13 +171,14 @@ Measured on the AMX CPU (torch 2.13, bf16, SmolLM2's 9 query and 3 KV heads of
 64, 1 and 2 threads): a one-row call gives the same bits over any width that is
 a multiple of 16 and covers the context (in 1,500 random contexts of 1 to 2,100
 positions, none differed between the width rounded up to 16, 32 or 64 and the
-width rounded up to 64 plus 16 to 192 positions), but not over the exact width (16 % of 1,883 rows differed from the width
-rounded up to 64) nor one rounded up to 4 or 8 (9 % and 5 % of 1,500). With the
-width fixed this way, a query row is computed alone, as a decode row is, whether
-it is the call's only row or one of several laid along the batch dimension (0 of
-1,883 verify rows of 1 to 9 rows differed from their decodes); several query
-rows of one request in one call differ (12 % of 2,728 rows). The rule is the
-kernel's, not a documented guarantee:
+width rounded up to 64 plus 16 to 192 positions), but not over the exact width
+(16 % of 1,883 rows differed from the width rounded up to 64) nor one rounded up
+to 4 or 8 (9 % and 5 % of 1,500). With the width fixed this way, a query row is
+computed alone, as a decode row is, whether it is the call's only row or one of
+several laid along the batch dimension (0 of 1,883 verify rows of 1 to 9 rows
+differed from their decodes); several query rows of one request in one call
+differ (12 % of 2,728 rows). The rule is the kernel's, not a documented
+guarantee:
 ``test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit``
 and the lossless tests hold that on whatever CPU runs them."""
 
