@@ -199,7 +199,7 @@ class _Group:
     bias: Float[Tensor, "reqs 1 q_len width"]
     """The mask as scores to add (0 or -inf) in the cache's dtype: the form ``scaled_dot_product_attention`` turns
     a boolean mask into on every call, made once here for every layer."""
-    key_width: int = 0
+    key_width: int
     """Context positions read from the cache: ``width``, or for an exact group ``width`` rounded up to
     ``EXACT_WIDTH_MULTIPLE`` (the extra positions read the null row, or the cache slots just past a consecutive
     context, and are masked)."""
