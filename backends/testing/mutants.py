@@ -18,6 +18,7 @@ from torch import Tensor
 import backends.autoregressive.speculator
 import backends.dflash.speculator
 import backends.dspark.speculator
+import backends.lookup_first
 import specdec.draft_builders
 from backends.autoregressive.speculator import AutoregressiveSpeculator
 from backends.dflash.speculator import DFlashSpeculator
@@ -304,6 +305,21 @@ def _drafts_for_every_request(proposal: Any, step: Any, ctx: Any) -> Any:
     return _forged(proposal, num_drafts=(k,) * len(proposal.num_drafts))
 
 
+def _widened_ids_only(real: Any) -> Any:
+    """A lookup drafting past the drafter's K widens the draft ids to the engine's K but not the distributions.
+
+    The engine keeps each request's first drafts only, so the verifier never sees the short tensors; the proposal's
+    reported logits (widened) and its distributions disagree, and a lookup match of a sampled request cannot write
+    its one-hot row into them.
+    """
+
+    def widened(proposal: Any, width: int) -> Any:
+        wide = real(proposal, width)
+        return dataclasses.replace(wide, draft_probs=proposal.draft_probs, sampled_from=proposal.sampled_from)
+
+    return widened
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "eagle-padded-decode-row-writes-live-slot",
@@ -482,6 +498,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "dp",
         "PROP-4",
         lambda: wrapped(AutoregressiveSpeculator, "propose", _proposal_mutant(_drafts_for_every_request)),
+    ),
+    Mutant(
+        "lookup-widens-ids-not-distributions",
+        "prompt lookup drafting past the drafter's K widens the draft ids and the reported logits to the engine's K; "
+        "the distributions stay at the drafter's K (a lookup match of a sampled request then fails to write its row)",
+        "dflash",
+        "sampling",
+        "VER-9",
+        lambda: wrapped(backends.lookup_first, "widened", _widened_ids_only),
     ),
 )
 

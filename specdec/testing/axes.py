@@ -24,14 +24,21 @@ if TYPE_CHECKING:
 AXES_UNREACHED = "axes-unreached"
 """What a family that missed a named axis value was caught by (in place of an invariant ID)."""
 
+LOOKUP_DRAFTS = 10
+"""The ``lookup_drafts`` a family tries: above every K a family draws (1..8), so a match drafts past the drafter."""
 PATH_OPTIONS: dict[str, tuple[Any, ...]] = {
     "fused": (False, True),
     "argmax_drafts": (False, True),
     "lookup": (0, 2),
+    "lookup_drafts": (0, LOOKUP_DRAFTS),
 }
 """Backend options that select another code path (the fused decode of the autoregressive drafters, DFlash's argmax
-drafts, prompt lookup first in front of a built-in drafter): every family cycles through the values of each one a
-backend's factory names."""
+drafts, prompt lookup first in front of a built-in drafter, and its matches drafting more than the drafter's K,
+which widens the engine's K and checks the drafter's proposal at its own before widening it): every family cycles
+through the values of each one a backend's factory names, in every combination ``OPTION_NEEDS`` allows."""
+OPTION_NEEDS: dict[str, str] = {"lookup_drafts": "lookup"}
+"""A path option whose non-zero values need another one non-zero (a factory refuses ``lookup_drafts`` without
+``lookup``): combinations without it are not run."""
 
 DP_SIZES = (1, 2, 4, 8)
 BOUNDARIES = ("none", "max-model-len", "preempt")
@@ -40,18 +47,26 @@ small enough that the scheduler preempts a request of a speculative run."""
 
 
 def path_options(factory: Any, fixed: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, ...]]:
-    """The code-path options ``factory`` names, less those the caller fixed for the whole run."""
-    return {
-        name: values
-        for name, values in PATH_OPTIONS.items()
-        if name not in (fixed or {}) and names_option(factory, name)
-    }
+    """The code-path options ``factory`` names, less those the caller fixed for the whole run.
+
+    An option whose ``OPTION_NEEDS`` the caller fixed at 0 (``lookup=0``) is left out too, as is
+    ``lookup_drafts`` where the caller fixed a K it would not exceed: the factory would refuse its value.
+    """
+    fixed = fixed or {}
+    paths = {name: values for name, values in PATH_OPTIONS.items() if name not in fixed and names_option(factory, name)}
+    for name, needed in OPTION_NEEDS.items():
+        if name in paths and needed in fixed and not fixed[needed]:
+            del paths[name]
+    if "lookup_drafts" in paths and fixed.get("num_spec_tokens", 0) >= LOOKUP_DRAFTS:
+        del paths["lookup_drafts"]
+    return paths
 
 
 def option_combinations(paths: Mapping[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """Every combination of the code-path options' values (one empty combination without any)."""
+    """Every combination of the code-path options' values that ``OPTION_NEEDS`` allows (one empty one without any)."""
     names = sorted(paths)
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(paths[n] for n in names))]
+    combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*(paths[n] for n in names))]
+    return [c for c in combos if all(not c.get(name) or c.get(needed, True) for name, needed in OPTION_NEEDS.items())]
 
 
 def required_axes(
@@ -123,6 +138,9 @@ class BoundaryWatch:
         axis ``lookup_drafted``: with ``lookup`` on, an example whose requests never repeat themselves tests only the
         wrapped drafter. Reported, not required: whether a random target repeats itself within a family's first
         few examples is chance (a full matrix run reached it in every cell)."""
+        self.lookup_drafted_past_k = False
+        """A proposal drafted more for a request than the wrapped drafter's K (``lookup_drafts`` above it, a match
+        long enough), as the axis ``lookup_drafted_past_k``: reported, not required, as ``lookup_drafted``."""
 
     def propose(self, step: TargetStep, ctx: DraftContext, num_spec_tokens: int) -> None:
         self.graph_modes.add(step.desc.cg_mode.name)

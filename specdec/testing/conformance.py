@@ -209,6 +209,8 @@ def _record_axes(reached: AxesReached, case: Case, watches: Sequence[BoundaryWat
             reached.add("preempted_while_speculating_at_dp", dp)
         if w.looked_up:
             reached.add("lookup_drafted", True)
+        if w.lookup_drafted_past_k:
+            reached.add("lookup_drafted_past_k", True)
 
 
 def _run_and_replay(
@@ -546,7 +548,9 @@ def family_cases(
         base.update({"threshold": {"tau": tau}, "budget": {"c0": c0, "c1": c1}}.get(axis, {}))
     requests = draw(_requests(dp, **req_kw))
     block_size = draw(st.sampled_from([2, 4, 8]))
-    limits = _boundary_engine(boundary, requests, k, block_size)
+    # The engine's K: the caller's K where it fixed one, a lookup's where it drafts past the drafter (lookup_drafts).
+    engine_k = max(base.get("num_spec_tokens", k), base.get("lookup_drafts", 0) if base.get("lookup") else 0)
+    limits = _boundary_engine(boundary, requests, engine_k, block_size)
     engine = _engine(budget, block_size, CaptureConfig(mode=mode, capture_sizes=sizes), **limits)
     run = DPRunSpec(MODEL, draw(st.integers(0, 3)), engine, requests)
     return Case(family, run, {"num_spec_tokens": k, **base}, acceptance)

@@ -20,6 +20,7 @@ from typing import Any
 
 from contracts import Subject
 from contracts.tally import EvaluationTally
+from specdec.draft_length import DEFAULT_SOURCE
 from specdec.draft_step_kinds import DRAFT_STEP_KINDS
 from specdec.nn.transformer import Transformer
 from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
@@ -63,6 +64,9 @@ class ObservedSpeculator:
         self.watch.propose(step, ctx, self.num_spec_tokens)
         proposal = self.inner.propose(step, ctx)
         self.watch.looked_up = int(getattr(self.inner, "looked_up", 0))  # a lookup-first wrapper counts its lookups
+        limits = getattr(self.inner, "draft_limits", None)  # a lookup-first wrapper: the most each source drafts
+        if limits and max(proposal.num_drafts, default=0) > limits.get(DEFAULT_SOURCE, self.num_spec_tokens):
+            self.watch.lookup_drafted_past_k = True
         return proposal
 
     def finish(self, req_id: str) -> None:

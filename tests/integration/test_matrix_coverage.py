@@ -19,8 +19,10 @@ from host_metadata_drafter import make_host_slot_mapping
 
 import specdec.testing.conformance as conformance
 from specdec.backend_registry import factory_for
-from specdec.testing.axes import AXES_UNREACHED, DP_SIZES
+from specdec.testing import axes
+from specdec.testing.axes import AXES_UNREACHED, DP_SIZES, LOOKUP_DRAFTS
 from specdec.testing.conformance import run_family
+from specdec.testing.corpus import get
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 LATE = "late_failing_drafter:make_drafts_for_everyone_from_dp4"
@@ -70,12 +72,47 @@ def test_every_path_option_value_is_run_and_a_missed_one_fails(monkeypatch: pyte
 
 def test_the_lookup_axis_runs_both_paths_and_records_drafts_from_history(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cycle of the acceptance family runs DFlash with and without lookup, and the lookup drafted from history."""
-    options = {"argmax_drafts": False}  # lookup is the one path option: a cycle of 3 x 2 examples
+    options = {"argmax_drafts": False, "lookup_drafts": 0}  # lookup is the one path option: a cycle of 3 x 2 examples
     good = run_family(factory_for("dflash"), "acceptance", examples=6, options=options)
     assert good.passed and good.axes_reached["lookup"] == [0, 2] and good.axes_reached["lookup_drafted"] == [True]
     monkeypatch.setattr("backends.prompt_lookup.SuffixIndex.drafts", lambda self, next_token, k: [])
     never = run_family(factory_for("dflash"), "acceptance", examples=6, options=options)
     assert never.passed and "lookup_drafted" not in never.axes_reached  # reported missing, not failed (chance)
+
+
+def test_the_lookup_drafts_axis_drafts_past_the_drafters_k_and_catches_a_bug_only_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cycle of the acceptance family runs DFlash's lookup drafting up to ``LOOKUP_DRAFTS``, past its own K. A bug
+    on that path alone (the ids widened to the engine's K, the distributions not) is caught by the sampling family,
+    and a matrix without the axis passes it: the axis is what finds it."""
+    options = {"argmax_drafts": False}  # lookup and lookup_drafts vary: a cycle of 3 x 3 examples
+    good = run_family(factory_for("dflash"), "acceptance", examples=9, options=options)
+    assert good.passed and good.axes_judged and good.axes_missing == {}, good.first_failure
+    assert good.axes_reached["lookup_drafts"] == [0, LOOKUP_DRAFTS]
+    assert good.axes_reached["lookup_drafted_past_k"] == [True]  # forced acceptance: the greedy text repeats
+    [mutant] = get(["lookup-widens-ids-not-distributions"])
+    with mutant.apply():
+        caught = run_family(factory_for("dflash"), "sampling", examples=6, options=options, stop_at_first_failure=True)
+        # VER-9, or first the test suite's annotation hook (draft_probs' K is the draft ids' K on a Proposal).
+        assert caught.caught_by and caught.caught_by[0] in ("VER-9", "TypeCheckError"), caught.caught_by
+        assert f"'lookup_drafts': {LOOKUP_DRAFTS}" in (caught.first_failure or "")
+        monkeypatch.setitem(axes.PATH_OPTIONS, "lookup_drafts", (0,))  # the matrix before the axis
+        assert run_family(factory_for("dflash"), "sampling", examples=6, options=options).passed
+
+
+def test_the_dp_boundaries_are_built_for_the_engines_k_when_a_lookup_widens_it() -> None:
+    """With ``lookup_drafts`` the engine's K is the lookup's, not the drafter's: a preempting pool sized for the
+    drafter's K could not admit the request at all (nor one sized for a drawn K where the caller fixed a larger one). A whole cycle of DSpark's dp family (12 x 3 examples) passes and
+    still preempts and drafts into ``max_model_len`` at every DP size."""
+    result = run_family(factory_for("dspark"), "dp", examples=36)
+    assert result.passed and result.axes_judged and result.axes_missing == {}, result.first_failure
+    assert result.axes_reached["lookup_drafts"] == [0, LOOKUP_DRAFTS]
+    for axis in ("drafted_into_max_model_len_at_dp", "preempted_while_speculating_at_dp"):
+        assert result.axes_reached[axis] == list(DP_SIZES)
+    # So is a K the caller fixes above the ones the family draws (1..4).
+    fixed = run_family(factory_for("dspark"), "dp", examples=12, options={"num_spec_tokens": 6, "lookup": 0})
+    assert fixed.passed and fixed.axes_judged and fixed.axes_missing == {}, fixed.first_failure
 
 
 def _matrix(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, Any]]:

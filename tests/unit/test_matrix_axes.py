@@ -15,12 +15,21 @@ from specdec.kv_cache import blocks_for
 from specdec.testing.axes import (
     BOUNDARIES,
     DP_SIZES,
+    LOOKUP_DRAFTS,
     AxesReached,
     option_combinations,
     path_options,
     required_axes,
 )
-from specdec.testing.conformance import AXES, PREEMPT_MAX_TOKENS, Case, cycle_length, family_cases, repro_command
+from specdec.testing.conformance import (
+    AXES,
+    PREEMPT_MAX_TOKENS,
+    Case,
+    build,
+    cycle_length,
+    family_cases,
+    repro_command,
+)
 from specdec.testing.host_copies import HostCopiesOfMeta
 
 
@@ -38,15 +47,38 @@ def _cycled(family: str, paths: dict[str, tuple[Any, ...]], n: int) -> list[Case
 
 
 def test_path_options_are_the_ones_a_factory_names_and_the_caller_left_free() -> None:
-    lookup = {"lookup": (0, 2)}
+    lookup = {"lookup": (0, 2), "lookup_drafts": (0, LOOKUP_DRAFTS)}
     assert path_options(factory_for("eagle")) == {"fused": (False, True), **lookup}
     assert path_options(factory_for("draft-model")) == {"fused": (False, True), **lookup}
     assert path_options(factory_for("dflash")) == {"argmax_drafts": (False, True), **lookup}
     assert path_options(factory_for("dspark")) == lookup
     assert path_options(factory_for("ngram")) == {}
     assert path_options(factory_for("eagle"), {"fused": True, "lookup": 0}) == {}  # fixed for the run: not axes
+    # A lookup fixed on leaves its drafts free; one fixed off, or a K the drafts would not exceed, rules them out.
+    assert path_options(factory_for("dspark"), {"lookup": 3}) == {"lookup_drafts": (0, LOOKUP_DRAFTS)}
+    assert path_options(factory_for("dspark"), {"num_spec_tokens": LOOKUP_DRAFTS}) == {"lookup": (0, 2)}
+    assert "lookup_drafts" in path_options(factory_for("dspark"), {"num_spec_tokens": LOOKUP_DRAFTS - 1})
     assert option_combinations({}) == [{}]
     assert option_combinations({"b": (1, 2), "a": ("x",)}) == [{"a": "x", "b": 1}, {"a": "x", "b": 2}]
+
+
+def test_lookup_drafts_are_only_combined_with_a_lookup_that_is_on() -> None:
+    """A factory refuses ``lookup_drafts`` without ``lookup`` (OPTION_NEEDS): that combination is never generated."""
+    combos = option_combinations(path_options(factory_for("dspark")))
+    assert combos == [
+        {"lookup": 0, "lookup_drafts": 0},
+        {"lookup": 2, "lookup_drafts": 0},
+        {"lookup": 2, "lookup_drafts": LOOKUP_DRAFTS},
+    ]
+    largest = max(k for k, _ in AXES["draft-length"])  # the largest K a family draws
+    assert largest < LOOKUP_DRAFTS  # so a match drafts past every drafter K
+    for options in combos:  # and the factory takes every generated combination at that K
+        widened = max(largest, options["lookup_drafts"])
+        assert build(factory_for("dspark"), num_spec_tokens=largest, **options).num_spec_tokens == widened
+    paths = path_options(factory_for("dspark"))
+    cases = _cycled("draft-length", paths, cycle_length("draft-length", paths))
+    met = {(c.options["num_spec_tokens"], c.options["lookup"], c.options["lookup_drafts"]) for c in cases}
+    assert met == {(k, *combo.values()) for k in range(1, largest + 1) for combo in combos}  # every K meets every one
 
 
 @pytest.mark.parametrize("family", sorted(AXES))
