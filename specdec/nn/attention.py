@@ -203,9 +203,10 @@ class _Group:
     """Context positions read from the cache: ``width``, or for an exact group ``width`` rounded up to
     ``EXACT_WIDTH_MULTIPLE`` (the extra positions read the null row, or the cache slots just past a consecutive
     context, and are masked)."""
-    exact_bias: Float[Tensor, "q_len 1 1 key_width"] | None = None
+    exact_bias: Float[Tensor, "group_rows 1 1 key_width"] | None = None
     """For an exact group (``EXACT_ROW_DTYPES``): each query row's mask over ``key_width`` positions, the rows
-    laid along the batch dimension so that the kernel computes each alone, as the decode of its token."""
+    laid along the batch dimension so that the kernel computes each alone, as the decode of its token. The rows
+    are one request's (a decode, a verify), or under ``per_request`` the decode rows of several, one each."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,16 +238,20 @@ class AttentionPlan:
     ) -> AttentionPlan:
         """Validate ``meta`` for ``rows`` query rows like a kernel, then tabulate the groups.
 
-        ``per_request``: every request is a group of its own, attended exactly as
-        if it ran alone (its own width; bf16 rows as in ``exact_rows``), so its
-        outputs do not depend on what else is in the batch. Costs one attention
-        call per request instead of one per query length. ``exact_rows``: a bf16
-        group of one request (a decode, a verify) attends each query row as its
-        decode step would (``EXACT_ROW_DTYPES``); off, every group is one masked
-        call over its exact width.
+        ``per_request``: every request is attended exactly as if it ran alone
+        (its own width; bf16 rows as in ``exact_rows``), so its outputs do not
+        depend on what else is in the batch. Each request is a group of its own,
+        one attention call each, except bf16 decodes: their rows share one call,
+        laid along the batch dimension over a common width that is a multiple of
+        ``EXACT_WIDTH_MULTIPLE``, which gives each the bits it gets alone (the
+        width rule, measured over any width covering the context). ``exact_rows``:
+        a bf16 group of one request (a decode, a verify) attends each query row
+        as its decode step would (``EXACT_ROW_DTYPES``); off, every group is one
+        masked call over its exact width.
         """
         qsl = _validate_rows(rows, meta)
         seq_lens = host_seq_lens(meta)
+        exact_dtype = exact_rows and meta.causal and kv.dtype in EXACT_ROW_DTYPES
         by_len: dict[tuple[int, int], list[int]] = {}
         for r in range(meta.num_reqs):
             query_len = qsl[r + 1] - qsl[r]
@@ -256,7 +261,8 @@ class AttentionPlan:
                 raise ValueError(
                     f"request {r}: seq_len {seq_lens[r]} < query_len {query_len}; its queries must be cached"
                 )
-            by_len.setdefault((query_len, r if per_request else -1), []).append(r)
+            alone = per_request and not (query_len == 1 and exact_dtype)  # exact decodes share a call
+            by_len.setdefault((query_len, r if alone else -1), []).append(r)
         device = kv.device
         groups = []
         for (query_len, _), reqs in by_len.items():
@@ -275,23 +281,17 @@ class AttentionPlan:
             else:
                 allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
             start = _consecutive_start(table, width, kv) if len(reqs) == 1 else None
-            exact = (
-                exact_rows
-                and (start is not None or per_request)
-                and meta.causal
-                and query_len <= EXACT_ROW_MAX_QUERY
-                and kv.dtype in EXACT_ROW_DTYPES
-            )
+            exact = exact_dtype and (start is not None or per_request) and query_len <= EXACT_ROW_MAX_QUERY
             key_width = -(-width // EXACT_WIDTH_MULTIPLE) * EXACT_WIDTH_MULTIPLE if exact else width
             if start is not None and start + key_width > kv.num_slots:
                 start = None  # the rounded-up width runs past the cache: gather, the tail reading the null row
             if key_width > width:
                 slots = F.pad(slots, (0, key_width - width), value=kv.null_slot)
             exact_bias = None
-            if exact:  # one request: its query rows along the batch dimension, each masked to its own prefix
-                row_pos = lens[0] - query_len + torch.arange(query_len, device=device)
+            if exact:  # every query row along the batch dimension, each masked to its own request's prefix
+                row_pos = (ends.view(-1, 1) - query_len + torch.arange(query_len, device=device)).flatten()
                 row_allowed = torch.arange(key_width, device=device)[None, :] <= row_pos[:, None]
-                exact_bias = torch.zeros((query_len, 1, 1, key_width), dtype=kv.dtype, device=device).masked_fill_(
+                exact_bias = torch.zeros((len(row_ids), 1, 1, key_width), dtype=kv.dtype, device=device).masked_fill_(
                     ~row_allowed[:, None, None, :], float("-inf")
                 )
             groups.append(
@@ -397,16 +397,21 @@ def _attend_group(
     else:
         keys, values = kv.gather_slots(layer, group.slots)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-    if group.exact_bias is not None and sparse_mask is None:
-        n = group.query_len
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            keys.expand(n, -1, -1, -1),
-            values.expand(n, -1, -1, -1),
-            attn_mask=group.exact_bias if group.exact_bias.dtype == q.dtype else group.exact_bias.to(q.dtype),
-            scale=scale,
-            enable_gqa=True,
-        )
+    if group.exact_bias is not None:
+        # One request's rows share its context (expanded, no copy); decodes of several requests (one row each,
+        # ``per_request``) each bring their own.
+        n = reqs * group.query_len
+        if reqs == 1:
+            keys, values = keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1)
+        elif group.query_len != 1:
+            raise ValueError(f"an exact group of {reqs} requests must be decodes, got {group.query_len} rows each")
+        bias = group.exact_bias if group.exact_bias.dtype == q.dtype else group.exact_bias.to(q.dtype)
+        if sparse_mask is not None:  # each row also restricted to its request's selected positions
+            selected = F.pad(
+                sparse_mask.index_select(0, group.requests)[:, : group.width], (0, group.key_width - group.width)
+            )
+            bias = bias.masked_fill(~selected.repeat_interleave(group.query_len, dim=0)[:, None, None, :], -math.inf)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
         return out.reshape(n, heads, head_dim)
     if group.key_width > group.width:
         keys, values = keys[:, :, : group.width], values[:, :, : group.width]

@@ -847,6 +847,53 @@ def test_batch_invariant_speculative_greedy_in_a_batch_equals_plain_greedy_alone
     assert greedy(prompts, speculate=False) == alone
 
 
+@needs_onednn_bf16
+def test_batch_invariant_decodes_hold_under_a_sparse_indexer() -> None:
+    """A sparse indexer restricts each decode row to its request's top-k positions inside the shared exact call.
+
+    Only steps whose every request decodes are compared: the indexer runs on decode-shaped steps only (as
+    DeepSeek-V3.2's), so a decode next to a verify is dense in a batch and sparse alone, whatever the attention does.
+    """
+    config = ModelConfig.tiny(indexer=IndexerConfig(num_heads=4, head_dim=8, topk=16))
+    model = Transformer(config, seed=0, dtype=torch.bfloat16)
+    model.batch_invariant = True
+    batched, alone = step_logits(model, batched=True), step_logits(model, batched=False)
+    for rid in alone:  # steps 0 and 1: the prefills, then a decode of every request
+        for i in (0, 1):
+            assert torch.equal(batched[rid][i], alone[rid][i]), f"request {rid}, step {i}"
+    dense = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    dense.batch_invariant = True
+    assert not torch.equal(step_logits(dense, batched=True)["a"][1], batched["a"][1])  # the indexer took effect
+
+
+@needs_onednn_bf16
+def test_batch_invariant_decodes_of_a_batch_share_one_attention_call_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``batch_invariant`` the decode rows of every request go in one call a layer, one row per item of the
+    batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``; a verify keeps a call of its own.
+    Each row's bits are the ones it gets alone (the logits test above), by the width rule."""
+    import specdec.nn.attention as attention
+
+    model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
+    model.batch_invariant = True
+    session = Session.new(model)
+    session.run(Step([("a", tokens(3, 9)), ("b", tokens(4, 30)), ("c", tokens(5, 17))]))
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        return sdpa(q, k, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recorded)
+    session.run(Step([("a", tokens(6, 1)), ("b", tokens(7, 1)), ("c", tokens(8, 1))]))
+    heads, kv_heads, dim = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim
+    assert shapes == [((3, heads, 1, dim), (3, kv_heads, 32, dim))] * CONFIG.num_layers  # 31 positions at most
+    shapes.clear()
+    session.run(Step([("a", tokens(9, 1)), ("b", tokens(10, 4)), ("c", tokens(11, 1))]))  # decode, verify, decode
+    decodes, verify = ((2, heads, 1, dim), (2, kv_heads, 32, dim)), ((4, heads, 1, dim), (4, kv_heads, 48, dim))
+    assert sorted(shapes) == sorted([decodes, verify] * CONFIG.num_layers)
+
+
 @pytest.mark.skipif(mkldnn_bf16_available(), reason="this CPU has oneDNN's bf16 matmul")
 def test_batch_invariant_is_refused_where_the_cpu_cannot_keep_it() -> None:
     """Without the packed bf16 kernel the guarantee cannot hold, so asking for it is an error, not a silent no-op."""
