@@ -748,6 +748,21 @@ def test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit(
     assert views == ([16] * CONFIG.num_layers if reads_a_view else []), views  # 14 positions rounded up to 16
 
 
+def recorded_attention_shapes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """From now on, the query and key shapes of every attention call, in order."""
+    import specdec.nn.attention as attention
+
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        return sdpa(q, k, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recorded)
+    return shapes
+
+
 @needs_onednn_bf16
 @pytest.mark.parametrize("exact", [True, False])
 def test_exact_verify_lays_a_bf16_verify_groups_rows_along_the_batch_dimension(
@@ -762,14 +777,7 @@ def test_exact_verify_lays_a_bf16_verify_groups_rows_along_the_batch_dimension(
     bf16.exact_verify = exact
     session = Session.new(bf16)
     session.run(Step([("a", tokens(3, 9))]))
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    sdpa = F.scaled_dot_product_attention
-
-    def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        shapes.append((tuple(q.shape), tuple(k.shape)))
-        return sdpa(q, k, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recorded)
+    shapes = recorded_attention_shapes(monkeypatch)
     logits = session.run(Step([("a", tokens(4, 5))]))[0]
     assert logits.shape[0] == 5 and torch.isfinite(logits).all()
     heads, kv_heads, dim = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim
@@ -871,20 +879,11 @@ def test_batch_invariant_decodes_of_a_batch_share_one_attention_call_a_layer(mon
     """Under ``batch_invariant`` the decode rows of every request go in one call a layer, one row per item of the
     batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``; a verify keeps a call of its own.
     Each row's bits are the ones it gets alone (the logits test above), by the width rule."""
-    import specdec.nn.attention as attention
-
     model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
     model.batch_invariant = True
     session = Session.new(model)
     session.run(Step([("a", tokens(3, 9)), ("b", tokens(4, 30)), ("c", tokens(5, 17))]))
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    sdpa = F.scaled_dot_product_attention
-
-    def recorded(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        shapes.append((tuple(q.shape), tuple(k.shape)))
-        return sdpa(q, k, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recorded)
+    shapes = recorded_attention_shapes(monkeypatch)
     session.run(Step([("a", tokens(6, 1)), ("b", tokens(7, 1)), ("c", tokens(8, 1))]))
     heads, kv_heads, dim = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim
     assert shapes == [((3, heads, 1, dim), (3, kv_heads, 32, dim))] * CONFIG.num_layers  # 31 positions at most
