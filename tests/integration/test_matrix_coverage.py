@@ -103,8 +103,9 @@ def test_the_lookup_drafts_axis_drafts_past_the_drafters_k_and_catches_a_bug_onl
 
 def test_the_dp_boundaries_are_built_for_the_engines_k_when_a_lookup_widens_it() -> None:
     """With ``lookup_drafts`` the engine's K is the lookup's, not the drafter's: a preempting pool sized for the
-    drafter's K could not admit the request at all (nor one sized for a drawn K where the caller fixed a larger one). A whole cycle of DSpark's dp family (12 x 3 examples) passes and
-    still preempts and drafts into ``max_model_len`` at every DP size."""
+    drafter's K could not admit the request at all (nor one sized for a drawn K where the caller fixed a larger
+    one). A whole cycle of DSpark's dp family (12 x 3 examples) passes and still preempts and drafts into
+    ``max_model_len`` at every DP size."""
     result = run_family(factory_for("dspark"), "dp", examples=36)
     assert result.passed and result.axes_judged and result.axes_missing == {}, result.first_failure
     assert result.axes_reached["lookup_drafts"] == [0, LOOKUP_DRAFTS]
