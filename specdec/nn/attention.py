@@ -18,7 +18,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +164,8 @@ greedy exactly. fp32's linears differ with the row count anyway (MKL), so fp32
 keeps the single masked call."""
 EXACT_ROW_MAX_QUERY = 16
 """Verify and block-draft sizes; longer groups (prefill chunks) take the single masked call."""
+EXACT_SHARED = 0
+"""The grouping key's query length for the one exact group that, under ``per_request``, holds every short request."""
 EXACT_WIDTH_MULTIPLE = 16
 """Exact groups attend over their context rounded up to a multiple of this, the tail masked.
 
@@ -176,19 +178,27 @@ width rounded up to 64 plus 16 to 192 positions), but not over the exact width
 to 4 or 8 (9 % and 5 % of 1,500). With the width fixed this way, a query row is
 computed alone, as a decode row is, whether it is the call's only row or one of
 several laid along the batch dimension (0 of 1,883 verify rows of 1 to 9 rows
-differed from their decodes); several query rows of one request in one call
-differ (12 % of 2,728 rows). The rule is the kernel's, not a documented
-guarantee:
+differed from their decodes) or along the heads dimension, each row a block of
+query heads with a mask of its own (0 of 9,477 rows of batches of 1 to 8
+requests of 1 to 6 rows over 7 to 1,200 positions, 1 and 2 threads); several
+query rows of one request as one call's query length differ (12 % of 2,728
+rows). The rule is the kernel's, not a documented guarantee:
 ``test_bf16_verify_rows_equal_the_decode_steps_of_the_same_tokens_bit_for_bit``
 and the lossless tests hold that on whatever CPU runs them."""
 
 
 @dataclass(frozen=True, eq=False)
 class _Group:
-    """Requests with one query length, attended in one batched call over their contexts padded to ``width``."""
+    """Requests attended in one batched call over their contexts padded to ``width``.
+
+    An inexact group's requests share one query length. An exact group's rows
+    each attend alone, one query row each (``EXACT_ROW_DTYPES``), so its requests
+    may differ in query length: the decodes and verifies of one step.
+    """
 
     requests: Int[Tensor, " reqs"]
     query_len: int
+    """Each request's query length; for an exact group the longest (a shorter request repeats its last row)."""
     width: int
     rows: Int[Tensor, " group_rows"] | None
     """The group's query rows, request-major; ``None`` when they are exactly all rows in order (no gather)."""
@@ -203,10 +213,34 @@ class _Group:
     """Context positions read from the cache: ``width``, or for an exact group ``width`` rounded up to
     ``EXACT_WIDTH_MULTIPLE`` (the extra positions read the null row, or the cache slots just past a consecutive
     context, and are masked)."""
-    exact_bias: Float[Tensor, "group_rows 1 1 key_width"] | None = None
-    """For an exact group (``EXACT_ROW_DTYPES``): each query row's mask over ``key_width`` positions, the rows
-    laid along the batch dimension so that the kernel computes each alone, as the decode of its token. The rows
-    are one request's (a decode, a verify), or under ``per_request`` the decode rows of several, one each."""
+    exact_bias: Float[Tensor, "reqs q_len key_width"] | None = None
+    """For an exact group: each query row's mask over ``key_width`` positions, ``query_len`` rows a request. The
+    call lays a request's rows along the heads dimension, a block of query heads a row, and the kernel computes
+    each head's one query row alone, as the decode of its token."""
+    padded_rows: Int[Tensor, " padded_rows"] | None = None
+    """For an exact group whose query lengths differ: the group row behind each of a request's ``query_len`` rows
+    (its last one repeated); ``None`` when every request has ``query_len`` rows."""
+    real_rows: Int[Tensor, " group_rows"] | None = None
+    """With ``padded_rows``: where each group row sits among the ``reqs * query_len`` padded rows."""
+    head_bias: dict[int, Tensor] = field(default_factory=dict)
+    """``exact_bias`` spread over the query heads, by query head count: made by the first layer for the rest."""
+
+    def exact_call_bias(self, heads: int, kv_heads: int) -> Float[Tensor, "items q_heads 1 key_width"]:
+        """The exact mask in the call's layout (``_attend_exact``): per row for a lone request (its rows along the
+        batch dimension), else per query head, ordered KV head, then row, then the heads sharing that KV head (the
+        order grouped-query attention maps query heads to KV heads in)."""
+        assert self.exact_bias is not None
+        reqs, q_len, width = self.exact_bias.shape
+        if reqs == 1 or q_len == 1:  # one mask for all heads of a row
+            return self.exact_bias.view(reqs * q_len, 1, 1, width)
+        bias = self.head_bias.get(heads)
+        if bias is None:
+            bias = self.head_bias[heads] = (
+                self.exact_bias[:, None, :, None, :]
+                .expand(reqs, kv_heads, q_len, heads // kv_heads, width)
+                .reshape(reqs, kv_heads * q_len * (heads // kv_heads), 1, width)
+            )
+        return bias
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,11 +295,16 @@ class AttentionPlan:
                 raise ValueError(
                     f"request {r}: seq_len {seq_lens[r]} < query_len {query_len}; its queries must be cached"
                 )
-            alone = per_request and not (query_len == 1 and exact_dtype)  # exact decodes share a call
-            by_len.setdefault((query_len, r if alone else -1), []).append(r)
+            if per_request and exact_dtype and query_len <= EXACT_ROW_MAX_QUERY:
+                key = (EXACT_SHARED, -1)  # every row attends alone: decodes and verifies of all requests share a call
+            else:
+                key = (query_len, r if per_request else -1)
+            by_len.setdefault(key, []).append(r)
         device = kv.device
         groups = []
-        for (query_len, _), reqs in by_len.items():
+        for (group_len, _), reqs in by_len.items():
+            query_lens = [qsl[r + 1] - qsl[r] for r in reqs]
+            query_len = max(query_lens) if group_len == EXACT_SHARED else group_len
             lens = [seq_lens[r] for r in reqs]
             width = max(lens)
             index = torch.tensor(reqs, dtype=torch.int64, device=device)
@@ -277,7 +316,7 @@ class AttentionPlan:
             ends = torch.tensor(lens, dtype=torch.int64, device=device)[:, None, None]
             if meta.causal:  # query i of a request of length S sits at position S - query_len + i
                 query_pos = ends - query_len + torch.arange(query_len, device=device)[None, :, None]
-                allowed = key_pos[None, None, :] <= query_pos
+                allowed = key_pos[None, None, :] <= query_pos  # (an exact group's mask is exact_bias)
             else:
                 allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
             start = _consecutive_start(table, width, kv) if len(reqs) == 1 else None
@@ -287,13 +326,22 @@ class AttentionPlan:
                 start = None  # the rounded-up width runs past the cache: gather, the tail reading the null row
             if key_width > width:
                 slots = F.pad(slots, (0, key_width - width), value=kv.null_slot)
-            exact_bias = None
-            if exact:  # every query row along the batch dimension, each masked to its own request's prefix
-                row_pos = (ends.view(-1, 1) - query_len + torch.arange(query_len, device=device)).flatten()
-                row_allowed = torch.arange(key_width, device=device)[None, :] <= row_pos[:, None]
-                exact_bias = torch.zeros((len(row_ids), 1, 1, key_width), dtype=kv.dtype, device=device).masked_fill_(
-                    ~row_allowed[:, None, None, :], float("-inf")
+            exact_bias = padded_rows = real_rows = None
+            if exact:  # each query row masked to its own prefix; a shorter request repeats its last row
+                # Row j of a request with n query rows and context S sits at position S - n + min(j, n - 1).
+                last = torch.tensor(query_lens, dtype=torch.int64, device=device)[:, None] - 1
+                row = torch.minimum(torch.arange(query_len, device=device)[None, :], last)
+                row_pos = ends.view(-1, 1) - 1 - last + row
+                row_allowed = torch.arange(key_width, device=device) <= row_pos[:, :, None]
+                exact_bias = torch.zeros(row_allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
+                    ~row_allowed, float("-inf")
                 )
+                if any(n != query_len for n in query_lens):
+                    firsts = list(itertools.accumulate(query_lens, initial=0))
+                    padded_rows = (torch.tensor(firsts[:-1], device=device)[:, None] + row).flatten()
+                    real_rows = torch.tensor(
+                        [i * query_len + j for i, n in enumerate(query_lens) for j in range(n)], device=device
+                    )
             groups.append(
                 _Group(
                     requests=index,
@@ -307,6 +355,8 @@ class AttentionPlan:
                     )[:, None],
                     key_width=key_width,
                     exact_bias=exact_bias,
+                    padded_rows=padded_rows,
+                    real_rows=real_rows,
                 )
             )
         return cls(meta, rows, tuple(seq_lens), tuple(groups))
@@ -389,7 +439,7 @@ def _attend_group(
     sparse_mask: Bool[Tensor, "num_reqs_padded max_seq"] | None,
 ) -> Float[Tensor, "group_rows heads head_dim"]:
     """One ``scaled_dot_product_attention`` for the whole group: ``[reqs, heads, q_len, head_dim]`` queries, or for
-    an exact group its rows along the batch dimension, ``[q_len, heads, 1, head_dim]``."""
+    an exact group one query row a head (``_attend_exact``)."""
     reqs, heads, head_dim = group.slots.shape[0], q.shape[1], q.shape[2]
     if group.start is not None:
         keys, values = kv.slot_range(layer, group.start, group.key_width)
@@ -398,21 +448,7 @@ def _attend_group(
         keys, values = kv.gather_slots(layer, group.slots)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
     if group.exact_bias is not None:
-        # One request's rows share its context (expanded, no copy); decodes of several requests (one row each,
-        # ``per_request``) each bring their own.
-        n = reqs * group.query_len
-        if reqs == 1:
-            keys, values = keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1)
-        elif group.query_len != 1:
-            raise ValueError(f"an exact group of {reqs} requests must be decodes, got {group.query_len} rows each")
-        bias = group.exact_bias if group.exact_bias.dtype == q.dtype else group.exact_bias.to(q.dtype)
-        if sparse_mask is not None:  # each row also restricted to its request's selected positions
-            selected = F.pad(
-                sparse_mask.index_select(0, group.requests)[:, : group.width], (0, group.key_width - group.width)
-            )
-            bias = bias.masked_fill(~selected.repeat_interleave(group.query_len, dim=0)[:, None, None, :], -math.inf)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
-        return out.reshape(n, heads, head_dim)
+        return _attend_exact(q, keys, values, group, scale, sparse_mask)
     if group.key_width > group.width:
         keys, values = keys[:, :, : group.width], values[:, :, : group.width]
     bias = group.bias if group.bias.dtype == q.dtype else group.bias.to(q.dtype)
@@ -424,6 +460,51 @@ def _attend_group(
     # whole cached context to float32 first cost more than the attention).
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(reqs * group.query_len, heads, head_dim)
+
+
+def _attend_exact(
+    q: Float[Tensor, "group_rows heads head_dim"],
+    keys: Float[Tensor, "reqs kv_heads key_width head_dim"],
+    values: Float[Tensor, "reqs kv_heads key_width head_dim"],
+    group: _Group,
+    scale: float,
+    sparse_mask: Bool[Tensor, "num_reqs_padded max_seq"] | None,
+) -> Float[Tensor, "group_rows heads head_dim"]:
+    """An exact group's call, in which every query head has one query row over its request's whole context.
+
+    A lone request's rows lie along the batch dimension, sharing its context (expanded, no copy). Several requests
+    are a batch item each, their rows along the heads dimension, a block of query heads a row, ordered KV head, row,
+    query head sharing that KV head, so that grouped-query attention maps each to its KV head; a shorter request
+    repeats its last row up to the group's query length. Both give each row the bits of its decode (the width rule);
+    the lone layout is the cheaper one there (no transposes).
+    """
+    reqs, heads, head_dim = keys.shape[0], q.shape[1], q.shape[2]
+    q_len, kv_heads = group.query_len, keys.shape[1]
+    if group.padded_rows is not None:
+        q = q.index_select(0, group.padded_rows)
+    bias = group.exact_call_bias(heads, kv_heads)
+    bias = bias if bias.dtype == q.dtype else bias.to(q.dtype)
+    if sparse_mask is not None:  # each row also restricted to its request's selected positions
+        selected = F.pad(
+            sparse_mask.index_select(0, group.requests)[:, : group.width], (0, group.key_width - group.width)
+        )
+        bias = bias.masked_fill(~selected[:, None, None, :], -math.inf)  # a lone request's broadcasts over its rows
+    heads_layout = reqs > 1 and q_len > 1
+    if heads_layout:
+        queries = (
+            q.view(reqs, q_len, kv_heads, heads // kv_heads, head_dim)
+            .transpose(1, 2)
+            .reshape(reqs, heads * q_len, 1, head_dim)
+        )
+    else:
+        queries = q.unsqueeze(2)
+        if reqs == 1:
+            keys, values = keys.expand(q_len, -1, -1, -1), values.expand(q_len, -1, -1, -1)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
+    if heads_layout:
+        out = out.view(reqs, kv_heads, q_len, heads // kv_heads, head_dim).transpose(1, 2)
+    out = out.reshape(reqs * q_len, heads, head_dim)
+    return out if group.real_rows is None else out.index_select(0, group.real_rows)
 
 
 def attend(

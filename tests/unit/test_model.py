@@ -794,7 +794,7 @@ BATCH_STEPS = [  # per step, the new tokens of each request (a request absent fr
     {"a": tokens(20, 19), "b": tokens(21, 5), "c": tokens(22, 23)},  # prefills of three lengths: 47 rows in all
     {"a": tokens(23, 1), "b": tokens(24, 1), "c": tokens(25, 1)},  # decodes
     {"a": tokens(26, 4), "b": tokens(27, 1), "c": tokens(28, 4)},  # verify, decode, verify
-    {"a": tokens(29, 5), "c": tokens(30, 1)},
+    {"a": tokens(29, 5), "c": tokens(30, 3)},  # verifies of two lengths
 ]
 
 
@@ -875,10 +875,11 @@ def test_batch_invariant_decodes_hold_under_a_sparse_indexer() -> None:
 
 
 @needs_onednn_bf16
-def test_batch_invariant_decodes_of_a_batch_share_one_attention_call_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under ``batch_invariant`` the decode rows of every request go in one call a layer, one row per item of the
-    batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``; a verify keeps a call of its own.
-    Each row's bits are the ones it gets alone (the logits test above), by the width rule."""
+def test_batch_invariant_rows_of_a_batch_share_one_attention_call_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``batch_invariant`` the decode and verify rows of every request go in one call a layer: a request per item
+    of the batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``, its rows along the heads
+    dimension, a shorter request's last row repeated up to the longest. Each row's bits are the ones it gets alone
+    (the logits test above), by the width rule."""
     model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
     model.batch_invariant = True
     session = Session.new(model)
@@ -889,8 +890,7 @@ def test_batch_invariant_decodes_of_a_batch_share_one_attention_call_a_layer(mon
     assert shapes == [((3, heads, 1, dim), (3, kv_heads, 32, dim))] * CONFIG.num_layers  # 31 positions at most
     shapes.clear()
     session.run(Step([("a", tokens(9, 1)), ("b", tokens(10, 4)), ("c", tokens(11, 1))]))  # decode, verify, decode
-    decodes, verify = ((2, heads, 1, dim), (2, kv_heads, 32, dim)), ((4, heads, 1, dim), (4, kv_heads, 48, dim))
-    assert sorted(shapes) == sorted([decodes, verify] * CONFIG.num_layers)
+    assert shapes == [((3, 4 * heads, 1, dim), (3, kv_heads, 48, dim))] * CONFIG.num_layers  # b: 35 positions
 
 
 @pytest.mark.skipif(mkldnn_bf16_available(), reason="this CPU has oneDNN's bf16 matmul")
