@@ -164,8 +164,6 @@ greedy exactly. fp32's linears differ with the row count anyway (MKL), so fp32
 keeps the single masked call."""
 EXACT_ROW_MAX_QUERY = 16
 """Verify and block-draft sizes; longer groups (prefill chunks) take the single masked call."""
-EXACT_SHARED = 0
-"""The grouping key's query length for the one exact group that, under ``per_request``, holds every short request."""
 EXACT_WIDTH_MULTIPLE = 16
 """Exact groups attend over their context rounded up to a multiple of this, the tail masked.
 
@@ -189,16 +187,10 @@ and the lossless tests hold that on whatever CPU runs them."""
 
 @dataclass(frozen=True, eq=False)
 class _Group:
-    """Requests attended in one batched call over their contexts padded to ``width``.
-
-    An inexact group's requests share one query length. An exact group's rows
-    each attend alone, one query row each (``EXACT_ROW_DTYPES``), so its requests
-    may differ in query length: the decodes and verifies of one step.
-    """
+    """Requests with one query length, attended in one batched call over their contexts padded to ``width``."""
 
     requests: Int[Tensor, " reqs"]
     query_len: int
-    """Each request's query length; for an exact group the longest (a shorter request repeats its last row)."""
     width: int
     rows: Int[Tensor, " group_rows"] | None
     """The group's query rows, request-major; ``None`` when they are exactly all rows in order (no gather)."""
@@ -217,11 +209,6 @@ class _Group:
     """For an exact group: each query row's mask over ``key_width`` positions, ``query_len`` rows a request. The
     call lays a request's rows along the heads dimension, a block of query heads a row, and the kernel computes
     each head's one query row alone, as the decode of its token."""
-    padded_rows: Int[Tensor, " padded_rows"] | None = None
-    """For an exact group whose query lengths differ: the group row behind each of a request's ``query_len`` rows
-    (its last one repeated); ``None`` when every request has ``query_len`` rows."""
-    real_rows: Int[Tensor, " group_rows"] | None = None
-    """With ``padded_rows``: where each group row sits among the ``reqs * query_len`` padded rows."""
     head_bias: dict[int, Tensor] = field(default_factory=dict)
     """``exact_bias`` spread over the query heads, by query head count: made by the first layer for the rest."""
 
@@ -275,9 +262,10 @@ class AttentionPlan:
         ``per_request``: every request is attended exactly as if it ran alone
         (its own width; bf16 rows as in ``exact_rows``), so its outputs do not
         depend on what else is in the batch. Each request is a group of its own,
-        one attention call each, except bf16 decodes: their rows share one call,
-        laid along the batch dimension over a common width that is a multiple of
-        ``EXACT_WIDTH_MULTIPLE``, which gives each the bits it gets alone (the
+        one attention call each, except bf16 decodes and verifies: the requests of
+        one query length share a call, a request per item of the batch dimension
+        over a common width that is a multiple of ``EXACT_WIDTH_MULTIPLE``, its rows
+        along the heads dimension, which gives each row the bits it gets alone (the
         width rule, measured over any width covering the context). ``exact_rows``:
         a bf16 group of one request (a decode, a verify) attends each query row
         as its decode step would (``EXACT_ROW_DTYPES``); off, every group is one
@@ -295,16 +283,12 @@ class AttentionPlan:
                 raise ValueError(
                     f"request {r}: seq_len {seq_lens[r]} < query_len {query_len}; its queries must be cached"
                 )
-            if per_request and exact_dtype and query_len <= EXACT_ROW_MAX_QUERY:
-                key = (EXACT_SHARED, -1)  # every row attends alone: decodes and verifies of all requests share a call
-            else:
-                key = (query_len, r if per_request else -1)
-            by_len.setdefault(key, []).append(r)
+            # Exact rows attend alone wherever they sit, so requests of one query length share a call.
+            alone = per_request and not (exact_dtype and query_len <= EXACT_ROW_MAX_QUERY)
+            by_len.setdefault((query_len, r if alone else -1), []).append(r)
         device = kv.device
         groups = []
-        for (group_len, _), reqs in by_len.items():
-            query_lens = [qsl[r + 1] - qsl[r] for r in reqs]
-            query_len = max(query_lens) if group_len == EXACT_SHARED else group_len
+        for (query_len, _), reqs in by_len.items():
             lens = [seq_lens[r] for r in reqs]
             width = max(lens)
             index = torch.tensor(reqs, dtype=torch.int64, device=device)
@@ -316,7 +300,7 @@ class AttentionPlan:
             ends = torch.tensor(lens, dtype=torch.int64, device=device)[:, None, None]
             if meta.causal:  # query i of a request of length S sits at position S - query_len + i
                 query_pos = ends - query_len + torch.arange(query_len, device=device)[None, :, None]
-                allowed = key_pos[None, None, :] <= query_pos  # (an exact group's mask is exact_bias)
+                allowed = key_pos[None, None, :] <= query_pos
             else:
                 allowed = (key_pos[None, None, :] < ends).expand(len(reqs), query_len, width)
             start = _consecutive_start(table, width, kv) if len(reqs) == 1 else None
@@ -326,22 +310,13 @@ class AttentionPlan:
                 start = None  # the rounded-up width runs past the cache: gather, the tail reading the null row
             if key_width > width:
                 slots = F.pad(slots, (0, key_width - width), value=kv.null_slot)
-            exact_bias = padded_rows = real_rows = None
-            if exact:  # each query row masked to its own prefix; a shorter request repeats its last row
-                # Row j of a request with n query rows and context S sits at position S - n + min(j, n - 1).
-                last = torch.tensor(query_lens, dtype=torch.int64, device=device)[:, None] - 1
-                row = torch.minimum(torch.arange(query_len, device=device)[None, :], last)
-                row_pos = ends.view(-1, 1) - 1 - last + row
+            exact_bias = None
+            if exact:  # each query row masked to its own prefix
+                row_pos = ends.view(-1, 1) - query_len + torch.arange(query_len, device=device)
                 row_allowed = torch.arange(key_width, device=device) <= row_pos[:, :, None]
                 exact_bias = torch.zeros(row_allowed.shape, dtype=kv.dtype, device=device).masked_fill_(
                     ~row_allowed, float("-inf")
                 )
-                if any(n != query_len for n in query_lens):
-                    firsts = list(itertools.accumulate(query_lens, initial=0))
-                    padded_rows = (torch.tensor(firsts[:-1], device=device)[:, None] + row).flatten()
-                    real_rows = torch.tensor(
-                        [i * query_len + j for i, n in enumerate(query_lens) for j in range(n)], device=device
-                    )
             groups.append(
                 _Group(
                     requests=index,
@@ -355,8 +330,6 @@ class AttentionPlan:
                     )[:, None],
                     key_width=key_width,
                     exact_bias=exact_bias,
-                    padded_rows=padded_rows,
-                    real_rows=real_rows,
                 )
             )
         return cls(meta, rows, tuple(seq_lens), tuple(groups))
@@ -474,14 +447,11 @@ def _attend_exact(
 
     A lone request's rows lie along the batch dimension, sharing its context (expanded, no copy). Several requests
     are a batch item each, their rows along the heads dimension, a block of query heads a row, ordered KV head, row,
-    query head sharing that KV head, so that grouped-query attention maps each to its KV head; a shorter request
-    repeats its last row up to the group's query length. Both give each row the bits of its decode (the width rule);
-    the lone layout is the cheaper one there (no transposes).
+    query head sharing that KV head, so that grouped-query attention maps each to its KV head. Both give each row the
+    bits of its decode (the width rule); the lone layout is the cheaper one there (no transposes).
     """
     reqs, heads, head_dim = keys.shape[0], q.shape[1], q.shape[2]
     q_len, kv_heads = group.query_len, keys.shape[1]
-    if group.padded_rows is not None:
-        q = q.index_select(0, group.padded_rows)
     bias = group.exact_call_bias(heads, kv_heads)
     bias = bias if bias.dtype == q.dtype else bias.to(q.dtype)
     if sparse_mask is not None:  # each row also restricted to its request's selected positions
@@ -503,8 +473,7 @@ def _attend_exact(
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=True)
     if heads_layout:
         out = out.view(reqs, kv_heads, q_len, heads // kv_heads, head_dim).transpose(1, 2)
-    out = out.reshape(reqs * q_len, heads, head_dim)
-    return out if group.real_rows is None else out.index_select(0, group.real_rows)
+    return out.reshape(reqs * q_len, heads, head_dim)
 
 
 def attend(

@@ -875,11 +875,13 @@ def test_batch_invariant_decodes_hold_under_a_sparse_indexer() -> None:
 
 
 @needs_onednn_bf16
-def test_batch_invariant_rows_of_a_batch_share_one_attention_call_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under ``batch_invariant`` the decode and verify rows of every request go in one call a layer: a request per item
-    of the batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``, its rows along the heads
-    dimension, a shorter request's last row repeated up to the longest. Each row's bits are the ones it gets alone
-    (the logits test above), by the width rule."""
+def test_batch_invariant_rows_of_a_batch_share_an_attention_call_per_query_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``batch_invariant`` the decode and verify rows of the requests of one query length go in one call a
+    layer: a request per item of the batch dimension over a common width rounded up to ``EXACT_WIDTH_MULTIPLE``,
+    its rows along the heads dimension (a lone request's along the batch dimension). Each row's bits are the ones
+    it gets alone (the logits test above), by the width rule."""
     model = Transformer(CONFIG, seed=0, dtype=torch.bfloat16)
     model.batch_invariant = True
     session = Session.new(model)
@@ -890,7 +892,12 @@ def test_batch_invariant_rows_of_a_batch_share_one_attention_call_a_layer(monkey
     assert shapes == [((3, heads, 1, dim), (3, kv_heads, 32, dim))] * CONFIG.num_layers  # 31 positions at most
     shapes.clear()
     session.run(Step([("a", tokens(9, 1)), ("b", tokens(10, 4)), ("c", tokens(11, 1))]))  # decode, verify, decode
-    assert shapes == [((3, 4 * heads, 1, dim), (3, kv_heads, 48, dim))] * CONFIG.num_layers  # b: 35 positions
+    decodes, verify = ((2, heads, 1, dim), (2, kv_heads, 32, dim)), ((4, heads, 1, dim), (4, kv_heads, 48, dim))
+    assert sorted(shapes) == sorted([decodes, verify] * CONFIG.num_layers)  # b: 35 positions
+    shapes.clear()
+    session.run(Step([("a", tokens(12, 3)), ("b", tokens(13, 3)), ("c", tokens(14, 1))]))  # two verifies of 3 rows
+    verifies, decode = ((2, 3 * heads, 1, dim), (2, kv_heads, 48, dim)), ((1, heads, 1, dim), (1, kv_heads, 32, dim))
+    assert sorted(shapes) == sorted([verifies, decode] * CONFIG.num_layers)  # b: 38 positions
 
 
 @pytest.mark.skipif(mkldnn_bf16_available(), reason="this CPU has oneDNN's bf16 matmul")
