@@ -246,6 +246,14 @@ def best_drain_lengths(
     reach = {rid: list(itertools.accumulate(g)) for rid, g in gains.items() if rid in critical}
     if not reach or not all(reach.values()):
         return best  # a critical request that cannot draft holds the batch back: no draft pays
+    # No level beats the most progress there is at the least a drafting step costs (every critical request one
+    # row more, a proposal made; the cost only grows with rows and drafts): then no level is worth trying. This is
+    # the usual case where drafting does not pay, and saves the search over every level on each decision.
+    # Levels go up, and with them every critical request's shortest length, so (with a cost that grows with rows
+    # and drafts) the step's cost: once even the most progress there is cannot pay at a level's cost, no higher
+    # level can. Where drafting does not pay that ends the search at its first levels.
+    most = 1.0 + min(max(cum) for cum in reach.values())
+    prune = cost.monotone
     for level in sorted({c for cum in reach.values() for c in cum}):
         lengths = dict.fromkeys(gains, 0)
         for rid, cum in reach.items():
@@ -254,8 +262,10 @@ def best_drain_lengths(
                 break
             lengths[rid] = shortest + 1
         else:
-            progress = 1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())
-            rate = progress / cost.seconds(base_rows + sum(lengths.values()), max(lengths.values()))
+            seconds = cost.seconds(base_rows + sum(lengths.values()), max(lengths.values()))
+            if prune and most / seconds <= best_rate * (1.0 + 1e-9):
+                break
+            rate = (1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())) / seconds
             if rate > best_rate * (1.0 + 1e-9):
                 best_rate, best = rate, lengths
     return best

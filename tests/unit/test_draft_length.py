@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -111,7 +112,8 @@ def test_a_fit_that_prices_steps_at_nothing_is_not_adopted(monkeypatch: pytest.M
         model.observe(rows, draft, TRUE.seconds(rows, draft))
     good = model.fitted
     assert good is not None
-    monkeypatch.setattr(step_cost, "_fit", lambda *args, **kwargs: StepCost(0.0, 0.0, 0.01, 0.0, bends=((3, 0.01),)))
+    free = StepCost(0.0, 0.0, 0.01, 0.0, bends=((3, 0.01),))
+    monkeypatch.setattr(step_cost, "_fit", lambda x, *args, **kwargs: (free, torch.zeros(x.shape[1], dtype=x.dtype)))
     model.observe(5, 0, TRUE.seconds(5, 0))
     assert model.fitted is good
 
@@ -418,6 +420,17 @@ def test_the_drain_lengths_are_the_best_of_every_combination(
         for combo in itertools.product(range(k + 1), repeat=len(gains))
     )
     assert _drain_rate(chosen, gains, critical, cost) == pytest.approx(best, rel=1e-8)
+
+
+def test_the_drain_search_finds_drafts_that_pay_only_past_the_first() -> None:
+    """A costly proposal is paid back only by several drafts: the search may not stop at what the first one earns
+    (it skips the levels only when even the most progress at the cheapest drafting step cannot pay)."""
+    cost = StepCost(base=0.02, per_row=0.0, per_proposal=0.025, per_draft=0.0)
+    gains = {"a": [0.99, 0.98, 0.97]}
+    assert best_drain_lengths(gains, cost, base_rows=1, critical={"a"}) == {"a": 3}
+    assert best_drain_lengths({"a": [0.99, 0.1, 0.05]}, cost, base_rows=1, critical={"a"}) == {"a": 0}
+    assert not StepCost(0.02, 0.001, 0.0, 0.0, bends=((4, -0.002),)).monotone  # a hand-given cost may fall
+    assert StepCost(0.02, 0.002, 0.0, 0.0, bends=((4, -0.001),)).monotone
 
 
 def test_a_draining_batch_drafts_for_all_its_critical_requests_or_none() -> None:
