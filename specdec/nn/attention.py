@@ -462,7 +462,7 @@ def _attend_exact(
     heads_layout = reqs > 1 and q_len > 1
     if heads_layout:
         queries = (
-            q.view(reqs, q_len, kv_heads, heads // kv_heads, head_dim)
+            q.reshape(reqs, q_len, kv_heads, heads // kv_heads, head_dim)
             .transpose(1, 2)
             .reshape(reqs, heads * q_len, 1, head_dim)
         )
