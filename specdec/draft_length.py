@@ -246,9 +246,6 @@ def best_drain_lengths(
     reach = {rid: list(itertools.accumulate(g)) for rid, g in gains.items() if rid in critical}
     if not reach or not all(reach.values()):
         return best  # a critical request that cannot draft holds the batch back: no draft pays
-    # No level beats the most progress there is at the least a drafting step costs (every critical request one
-    # row more, a proposal made; the cost only grows with rows and drafts): then no level is worth trying. This is
-    # the usual case where drafting does not pay, and saves the search over every level on each decision.
     # Levels go up, and with them every critical request's shortest length, so (with a cost that grows with rows
     # and drafts) the step's cost: once even the most progress there is cannot pay at a level's cost, no higher
     # level can. Where drafting does not pay that ends the search at its first levels.
