@@ -238,7 +238,9 @@ def best_drain_lengths(
     of progress (1 without drafts); requests outside ``critical`` draft nothing.
     For a progress level, the cheapest lengths reaching it are each critical
     request's shortest prefix whose gains add up to it, so trying every level
-    some prefix attains finds the best; ties go to fewer drafts. Drafting must
+    some prefix attains finds the best (for a cost that grows with rows and
+    drafts, ``StepCost.monotone``, as every fit does: with a cost that falls,
+    a longer prefix could be cheaper); ties go to fewer drafts. Drafting must
     beat no drafting by the share ``margin``.
     """
     best: dict[str, int] = dict.fromkeys(gains, 0)
@@ -317,6 +319,12 @@ class DraftLengthPolicy:
             raise ValueError(
                 f"the known step cost prices a one-row step without drafts at {cost.seconds(1, 0):g} s: {cost}; "
                 "a step takes time (base + per_row must be positive)"
+            )
+        if cost is not None and not cost.monotone:
+            raise ValueError(
+                f"the known step cost prices some step below one with fewer rows or drafts: {cost}; the draft-length "
+                "searches assume a step costs no less with more (per_proposal, per_draft and the row cost's slope "
+                "after each bend must be >= 0)"
             )
         if num_spec_tokens < 1 or probe_every < 1 or probe_backoff < 1:
             raise ValueError(

@@ -123,6 +123,13 @@ def test_a_known_cost_must_price_every_step() -> None:
         DraftLengthPolicy(2, cost=StepCost(0.0, 0.0, 0.004, 0.002))
 
 
+def test_a_known_cost_must_not_fall_with_more_rows() -> None:
+    """The searches take the fewest drafts that reach a gain, which is the cheapest only if more rows never cost less."""
+    with pytest.raises(ValueError, match="prices some step below one with fewer rows or drafts"):
+        DraftLengthPolicy(2, cost=StepCost(0.02, 0.001, 0.004, 0.0, bends=((4, -0.002),)))
+    DraftLengthPolicy(2, cost=StepCost(0.02, 0.002, 0.004, 0.0, bends=((4, -0.001),)))  # flatter, still rising
+
+
 STEEPENING = StepCost(base=0.020, per_row=0.0002, per_proposal=0.003, per_draft=0.001, bends=((16, 0.0012),))
 """A forward bound by weight reads up to 16 rows and by arithmetic past them (the shape a CPU shows at batch 8)."""
 
