@@ -139,7 +139,7 @@ class StepCostModel:
         # once instead of a Python loop per fit and per residual (a refit took ~0.9 ms at 256 samples that way).
         table = torch.tensor([(s.rows, s.max_draft, s.seconds) for s in samples], dtype=torch.float64)
         x, y = _design(table, knees), table[:, 2]
-        fit, coef = _fit(x, y, table, knees)
+        fit, coef = _fit(x, y, knees)
         used = torch.ones(len(samples), dtype=torch.bool)
         # One slow step must not set the cost for the next 256: the first step of a new row count pays one-time
         # costs (oneDNN compiles a kernel per shape: ~300 ms against a ~80 ms step), and a shared machine stalls.
@@ -149,12 +149,16 @@ class StepCostModel:
         # The outliers go only if what is left still pins every coefficient: without its plain steps, say, the
         # proposal's indicator equals the constant, and the solver may put the whole cost there (plain steps free).
         n_kept = int(kept.sum())
-        if n_kept < len(samples) and n_kept >= len(FEATURES) + len(knees) and _identifiable_table(table[kept]):
+        if (
+            n_kept < len(samples)
+            and n_kept >= len(FEATURES) + len(knees)
+            and _identifiable([sample for sample, keep in zip(samples, kept.tolist(), strict=True) if keep])
+        ):
             used = kept
-            fit, _ = _fit(x[used], y[used], table[used], knees)
+            fit, _ = _fit(x[used], y[used], knees)
         if not fit.seconds(1, 0) > 0.0:
             # A negative base with steep rows can price a small plain step at nothing: then no free base.
-            fit, _ = _fit(x[used], y[used], table[used], knees, free_base=False)
+            fit, _ = _fit(x[used], y[used], knees, free_base=False)
         if fit.seconds(1, 0) > 0.0:
             self.fitted = fit
         return self.fitted
@@ -172,12 +176,6 @@ def _identifiable(samples: list[StepSample]) -> bool:
     return len(rows) >= 2 and 0 in drafts and len(drafts) >= 2
 
 
-def _identifiable_table(table: torch.Tensor) -> bool:
-    """``_identifiable`` of a refit's table (rows, max_draft, seconds per sample)."""
-    drafts = table[:, 1].unique()
-    return table[:, 0].unique().numel() >= 2 and bool((drafts == 0).any()) and drafts.numel() >= 2
-
-
 def _design(table: torch.Tensor, knees: list[int]) -> torch.Tensor:
     """The least-squares design: a column per ``FEATURES`` entry (the proposal's as an indicator), then one per
     knee (the rows past it)."""
@@ -188,12 +186,12 @@ def _design(table: torch.Tensor, knees: list[int]) -> torch.Tensor:
 
 
 def _fit(
-    x: torch.Tensor, y: torch.Tensor, table: torch.Tensor, knees: list[int], *, free_base: bool = True
+    x: torch.Tensor, y: torch.Tensor, knees: list[int], *, free_base: bool = True
 ) -> tuple[StepCost, torch.Tensor]:
     """Least squares of the samples with the costs (and, unless ``free_base``, the base) non-negative; also the
     coefficients as a column per design column, for the residuals."""
     # One draft length only (K = 1, or a policy that never varied it): per_proposal absorbs per_draft.
-    features = [0, 1, 2, 3] if table[:, 1].unique().numel() >= 3 else [0, 1, 2]
+    features = [0, 1, 2, 3] if x[:, 3].unique().numel() >= 3 else [0, 1, 2]  # x[:, 3]: each step's max_draft
     features += [len(FEATURES) + i for i in range(len(knees))]
     solution = _nonnegative_lstsq(x[:, features], y, free_base=free_base)
     coef = [0.0] * (len(FEATURES) + len(knees))

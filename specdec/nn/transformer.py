@@ -423,13 +423,14 @@ class Transformer(nn.Module):
         """Whether a request's logits are independent of the rest of its batch (bf16; off by default).
 
         On, every request attends as it would alone (bf16 rows as in
-        ``exact_verify``; the decode rows of all requests share one call, each over
-        a width that keeps its bits, ``AttentionPlan.build``) and every packed
-        linear multiplies at most ``ROW_INVARIANT_ROWS`` rows per call, so a bf16
-        model computes a request in a batch bit for bit as it computes it alone, and
-        speculative greedy output in a batch equals plain greedy output of the
-        request alone. It costs an attention call per verifying or prefilling
-        request and a weight read per 32 rows. fp32's unpacked MKL linears vary with
+        ``exact_verify``; the decode and verify rows of the requests of one query
+        length share one call, each over a width that keeps its bits,
+        ``AttentionPlan.build``) and every packed linear multiplies at most
+        ``ROW_INVARIANT_ROWS`` rows per call, so a bf16 model computes a request in
+        a batch bit for bit as it computes it alone, and speculative greedy output in
+        a batch equals plain greedy output of the request alone. It costs an
+        attention call per query length and per prefilling request, and a weight
+        read per 32 rows. fp32's unpacked MKL linears vary with
         the row count, so fp32 is not made batch-invariant.
         """
         return self._batch_invariant

@@ -431,7 +431,7 @@ def test_the_drain_lengths_are_the_best_of_every_combination(
 
 def test_the_drain_search_finds_drafts_that_pay_only_past_the_first() -> None:
     """A costly proposal is paid back only by several drafts: the search may not stop at what the first one earns
-    (it skips the levels only when even the most progress at the cheapest drafting step cannot pay)."""
+    (it stops at a level only when even the most progress there is cannot pay that level's step)."""
     cost = StepCost(base=0.02, per_row=0.0, per_proposal=0.025, per_draft=0.0)
     gains = {"a": [0.99, 0.98, 0.97]}
     assert best_drain_lengths(gains, cost, base_rows=1, critical={"a"}) == {"a": 3}
