@@ -37,7 +37,7 @@ from backends.prompt_lookup import SuffixIndex, check_match_lengths
 from contracts import StepKind
 from specdec.draft_length import DEFAULT_SOURCE
 from specdec.nn.transformer import Transformer
-from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
+from specdec.speculator import ContextTaker, DraftContext, Proposal, Speculator, TargetStep, check_proposal
 
 LOOKUP_SOURCE = "lookup"
 
@@ -63,6 +63,7 @@ class LookupFirst:
         source = getattr(inner, "weights_source", None)
         if source is not None:
             self.weights_source = source
+        self._inner_taker = inner if isinstance(inner, ContextTaker) else None
         self._indexes: dict[str, SuffixIndex] = {}
         self.looked_up = 0
         """Requests' drafts that came from the lookup, over all steps (a drafting request counts once a step)."""
@@ -93,6 +94,14 @@ class LookupFirst:
             proposal = widened(proposal, k)
         self.looked_up += len(found)
         return with_drafts(proposal, found) if found else proposal
+
+    def take_context(self, step: TargetStep, ctx: DraftContext) -> None:
+        """A step where no request drafts (``ContextTaker``): nothing to look up; the wrapped drafter takes in the
+        context, through its own ``take_context`` where it has one, else an empty proposal checked at its K."""
+        if self._inner_taker is not None:
+            self._inner_taker.take_context(step, ctx)
+        else:
+            check_proposal(self.inner.propose(step, ctx), step, self.inner, component="lookup-first")
 
     def draft_sources(self, tokens: Mapping[str, Sequence[int]]) -> dict[str, str]:
         """Whose drafts each request gets next step, from its tokens (committed, then the next one): ``lookup`` or

@@ -20,6 +20,7 @@ except metadata.PackageNotFoundError:  # a source tree on sys.path that was neve
 
 _EXPORTS = {
     "CompletionOutput": "specdec.llm",
+    "ContextTaker": "specdec.speculator",
     "LLM": "specdec.llm",
     "RequestOutput": "specdec.llm",
     "DPGroup": "specdec.dp_group",
@@ -56,6 +57,7 @@ _EXPORTS = {
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "ContextTaker",
     "DPGroup",
     "DraftContext",
     "DraftHeads",
@@ -113,6 +115,7 @@ if TYPE_CHECKING:
     from specdec.sampling import SamplingParams
     from specdec.scheduler import SchedulerConfig
     from specdec.speculator import (
+        ContextTaker,
         DraftContext,
         DraftModel,
         DraftOutput,

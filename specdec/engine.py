@@ -37,7 +37,7 @@ from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
-from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep, check_proposal
+from specdec.speculator import ContextTaker, DraftContext, Proposal, Speculator, TargetStep, check_proposal
 from specdec.step_undo import (
     Refusal,
     StepJournal,
@@ -143,6 +143,8 @@ class Engine:
         self._refusal: Refusal | None = None
         """Set when the engine refuses further steps (a failed step it could not undo, or any under DP)."""
         self.draft_ctx: DraftContext | None = None
+        self._context_taker = speculator if dp_group is None and isinstance(speculator, ContextTaker) else None
+        """Where set, a step where nobody drafts goes to its ``take_context`` instead of an empty proposal."""
         self.draft_policy: DraftLengthPolicy | None = None
         if draft_policy is not None:
             k = speculator.num_spec_tokens if speculator is not None else None
@@ -421,6 +423,10 @@ class Engine:
         assert self.speculator is not None and self.draft_ctx is not None
         step = self._target_step(batch, target, commit)
         running = {r.req_id: r.num_computed for r in self.scheduler.running if r.finish_reason is None}
+        if self._context_taker is not None and not any(commit.drafting):
+            # Nobody drafts and nobody waits for this rank's draft syncs: the drafter only takes in the context.
+            self.draft_ctx.take_context(self._context_taker, step, running=running)
+            return
         proposal = self.draft_ctx.propose(self.speculator, step, running=running)
         check_proposal(proposal, step, self.speculator)
         self._store_drafts(batch.items, proposal, commit.max_drafts)

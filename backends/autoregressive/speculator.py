@@ -91,7 +91,9 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         # prefill rows written: no first draft, no decode rows.
         drafting = [r for r in range(step.num_reqs) if step.draft_budget(r, k) > 0]
         if not drafting and self._holds_context(ctx):
-            return self._hold_context(step)
+            self._hold_context(step)
+            tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=step.input_ids.device)
+            return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs)
         prefill = self._prefill(step, ctx, self.sampled_rows(step, drafting))
         vocab = prefill.logits.shape[-1]
         device = prefill.logits.device
@@ -147,7 +149,7 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         rank runs the prefill and the decode syncs whether it drafts or not."""
         return isinstance(self.network, EagleHead) and ctx.dp_group is None
 
-    def _hold_context(self, step: TargetStep) -> Proposal:
+    def _hold_context(self, step: TargetStep) -> None:
         """No request drafts: no forward runs, and the committed rows' K/V wait for the next prefill to write them.
 
         With no forward there is no prefill for AR-1/AR-2 to check; the rows' slots
@@ -157,9 +159,14 @@ class AutoregressiveSpeculator(DraftCacheOwner):
         slots = committed_slots(step, self.kv)
         due = self.backlog.hold(rows_with_slots((input_ids, *step.output.aux_hidden_states), step.positions, slots))
         self._write(due)
-        k, device = self.num_spec_tokens, step.input_ids.device
-        tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
-        return Proposal(draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs)
+
+    def take_context(self, step: TargetStep, ctx: DraftContext) -> None:
+        """A step where no request drafts, without DP (``ContextTaker``): an EAGLE head holds the rows, a draft
+        model runs its prefill (its K/V at every row are its own forward's), and no proposal is made."""
+        if self._holds_context(ctx):
+            self._hold_context(step)
+        else:
+            self._prefill(step, ctx, ())
 
     def _write(self, rows: ContextRows | None) -> None:
         """Context rows' K/V (the held ones before anything reads the cache, or when the backlog is full)."""

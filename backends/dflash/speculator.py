@@ -208,12 +208,7 @@ class DFlashSpeculator(DraftCacheOwner):
         device = step.input_ids.device
         tokens = torch.full((step.num_reqs, k), REJECTED_TOKEN_ID, dtype=torch.int64, device=device)
         if desc.num_tokens == 0:
-            # No rank drafts: no block forward, but the context write is checked (BLK-6) all the same. Nothing
-            # reads the cache before the next block forward, so the write waits for it (or for a full backlog).
-            if current_mode() is not Mode.OFF:
-                empty = build_block_metadata(desc, [], [], q, self.kv, ctx.max_model_len, device)
-                ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
-            self._write(self.backlog.hold(context.committed_rows()))
+            self._hold(context, ctx, desc)
             return drafting, None, desc, tokens
 
         desc, across = pad_model_rows_for_dp(desc, state, m, q)
@@ -233,6 +228,24 @@ class DFlashSpeculator(DraftCacheOwner):
             num_tokens_across_dp=across,
         )
         return drafting, out, desc, tokens
+
+    def take_context(self, step: TargetStep, ctx: DraftContext) -> None:
+        """A step where no request drafts, without DP (``ContextTaker``): its context held, no block sync."""
+        self._hold(self._plan_context(step), ctx)
+
+    def _hold(self, context: ContextInjection, ctx: DraftContext, desc: BatchExecutionDescriptor | None = None) -> None:
+        """No block forward, but the context write is checked (BLK-6) all the same. Nothing reads the cache before
+        the next block forward, so the write waits for it (or for a full backlog).
+
+        ``desc``: the block sync's, where it ran; the check alone needs one otherwise (synced only to check).
+        """
+        if current_mode() is not Mode.OFF:
+            if desc is None:
+                _, desc = ctx.sync(0, 0, None, allow_piecewise=False, purpose=f"{self.name}_block")
+            device = context.slot_mapping.device
+            empty = build_block_metadata(desc, [], [], self.query_width, self.kv, ctx.max_model_len, device)
+            ctx.check_batch(StepKind.DRAFT_BLOCK, self._block_facts(desc, empty, [], context, ctx.max_model_len))
+        self._write(self.backlog.hold(context.committed_rows()))
 
     def _write(self, rows: ContextRows | None) -> None:
         if rows is not None:
