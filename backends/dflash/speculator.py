@@ -7,7 +7,8 @@ context K/V of exactly the committed tokens whenever a block forward reads it:
 a step where no rank drafts holds its rows, and the next block forward writes
 them first (``backends.context_backlog``). Block K/V are never cached (the
 engine commits the draft cache to the committed lengths after each proposal).
-Every rank syncs once per proposal, drafting or not.
+Every rank syncs once per proposal, drafting or not; without DP a step where
+nobody drafts makes no proposal (``take_context``), so it holds its rows unsynced.
 """
 
 from __future__ import annotations

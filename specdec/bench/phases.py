@@ -2,8 +2,8 @@
 
 ``specdec bench`` says how fast each backend is; this says why. Every engine
 step's wall time is split into the target's forward (a decode row for plain
-decoding, K + 1 verify rows for a backend), the drafter's proposal and the
-rest of the engine (scheduling, verification, bookkeeping). Rounds alternate
+decoding, K + 1 verify rows for a backend), the drafter's proposal (or, on a
+step where nobody drafts, its ``take_context``) and the rest of the engine (scheduling, verification, bookkeeping). Rounds alternate
 the runner order like the bench. The break-even tau of a backend is its step
 time over plain decoding's: a drafter below it makes decoding slower.
 
@@ -28,6 +28,7 @@ import torch
 from specdec.bench.options import DEFAULT_BACKENDS
 from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
+from specdec.speculator import ContextTaker
 
 PLAIN = "plain"
 DRAFT_LENGTHS = ("fixed", "adaptive", "idle")
@@ -187,6 +188,8 @@ def run_phases(
             speculator = make_speculator()
             if speculator is not None:
                 speculator.propose = timed(speculator.propose, times, "propose")
+                if isinstance(speculator, ContextTaker):  # a step where nobody drafts: the drafter's work all the same
+                    speculator.take_context = timed(speculator.take_context, times, "propose")  # type: ignore[method-assign]
             engine = batch_engine(target, [len(p) for p in batch], max_tokens, speculator, seed=0, draft_policy=policy)
             requests = [
                 engine.add_request(

@@ -55,7 +55,7 @@ from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import ModelOutput, Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
-from specdec.speculator import DraftContext, Speculator, TargetStep, check_proposal
+from specdec.speculator import ContextTaker, DraftContext, Speculator, TargetStep, check_proposal
 from specdec.testing.axes import (
     AXES_UNREACHED,
     BOUNDARIES,
@@ -343,6 +343,11 @@ def _replay_rank(group: Any, factory: Factory, case: Case, events: list[tuple[st
                 ctx.release([payload])  # the engine frees a preempted request's draft blocks, as here
                 continue
             step = _to_device_step(payload, move)
+            if kind == "take_context":  # a step where nobody drafted, taken in without a proposal, as in the engine
+                if not isinstance(speculator, ContextTaker):
+                    raise RuntimeError(f"the run called take_context on {speculator.name!r}, which has none here")
+                ctx.take_context(speculator, step)
+                continue
             proposal = ctx.propose(speculator, step)  # draft caches opened and committed around it, as in the engine
             check_proposal(proposal, step, speculator, component=f"{device} replay")
             placed = {t.device.type for t in (proposal.draft_token_ids, proposal.draft_probs) if t is not None}

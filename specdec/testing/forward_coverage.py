@@ -23,7 +23,7 @@ from contracts.tally import EvaluationTally
 from specdec.draft_length import DEFAULT_SOURCE
 from specdec.draft_step_kinds import DRAFT_STEP_KINDS
 from specdec.nn.transformer import Transformer
-from specdec.speculator import DraftContext, Proposal, Speculator, TargetStep
+from specdec.speculator import ContextTaker, DraftContext, Proposal, Speculator, TargetStep
 from specdec.testing.axes import BoundaryWatch
 
 UNCHECKED_FORWARDS = "unchecked-forwards"
@@ -41,16 +41,29 @@ class ObservedSpeculator:
         self.aux_layers = inner.aux_layers
         self.record_calls = record_calls
         self.events: list[tuple[str, Any]] = []
-        """The engine's ``propose`` and ``finish`` calls, in order (only with ``record_calls``)."""
+        """The engine's ``propose``, ``take_context`` and ``finish`` calls, in order (only with ``record_calls``)."""
         self.rank = 0
         self.ctx: DraftContext | None = None
         self.watch = BoundaryWatch()
         """What the engine ran into on this rank (``axes``): drafts into ``max_model_len``, preemptions, ..."""
 
     def __getattr__(self, attr: str) -> Any:
-        """Anything else a caller reads is the backend's own."""
+        """Anything else a caller reads is the backend's own; ``take_context`` (``ContextTaker``) is observed like
+        ``propose``, and exists only where the backend has it, so the engine calls what it would call on the backend."""
         if attr == "inner":  # not set yet (a copy in progress): no recursion through __getattr__
             raise AttributeError(attr)
+        if attr == "take_context":
+            if not isinstance(self.inner, ContextTaker):  # the backend makes an empty proposal instead
+                raise AttributeError(attr)
+            inner_take = self.inner.take_context
+
+            def take_context(step: TargetStep, ctx: DraftContext) -> None:
+                if self.record_calls:
+                    self.events.append(("take_context", step))
+                self.watch.propose(step, ctx, self.num_spec_tokens)
+                inner_take(step, ctx)
+
+            return take_context
         return getattr(self.inner, attr)
 
     def bind(self, target: Transformer, ctx: DraftContext) -> None:

@@ -164,6 +164,14 @@ def test_every_proposal_checks_its_block_step_even_when_no_rank_drafts(monkeypat
         return real_propose(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(spec, "propose", count_propose)
+    real_take = spec.take_context
+
+    def count_take(*args: object) -> None:  # a step where nobody drafts makes no proposal (take_context)
+        nonlocal proposals
+        proposals += 1
+        real_take(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spec, "take_context", count_take)
     run_engine(target, spec)
     assert len(checked) == proposals and 0 in checked and any(checked)
 

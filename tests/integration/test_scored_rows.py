@@ -52,7 +52,8 @@ def prefills(
 ) -> list[tuple[tuple[int, ...], tuple[int, ...] | None, int]]:
     """Every draft prefill: the rows its drafter must sample, the rows it asked to score, and its logits rows.
 
-    ``expected`` collects the rows to sample of every proposal, forward or not."""
+    ``expected`` collects the rows to sample of every proposal, forward or not (none for a step that only takes
+    in its context)."""
     seen: list[tuple[tuple[int, ...], tuple[int, ...] | None, int]] = []
     real_propose = AutoregressiveSpeculator.propose
     real_forward = DraftContext.forward
@@ -62,6 +63,12 @@ def prefills(
         expected.append(tuple(step.last_valid[r] for r in range(step.num_reqs) if step.drafting[r]))
         return real_propose(self, step, ctx)
 
+    real_take = AutoregressiveSpeculator.take_context
+
+    def take_context(self: AutoregressiveSpeculator, step: Any, ctx: DraftContext) -> None:
+        expected.append(())  # a step where nobody drafts: no proposal, nothing to sample
+        real_take(self, step, ctx)
+
     def forward(self: DraftContext, model: Any, step_kind: StepKind, *args: Any, **kw: Any) -> DraftOutput:
         out = real_forward(self, model, step_kind, *args, **kw)
         if step_kind is StepKind.DRAFT_PREFILL:
@@ -69,6 +76,7 @@ def prefills(
         return out
 
     monkeypatch.setattr(AutoregressiveSpeculator, "propose", propose)
+    monkeypatch.setattr(AutoregressiveSpeculator, "take_context", take_context)
     monkeypatch.setattr(DraftContext, "forward", forward)
     return seen
 
@@ -115,6 +123,12 @@ def drafts_of(target: Transformer, monkeypatch: pytest.MonkeyPatch, *, score_eve
         proposal = real_propose(self, step, ctx)
         drafts.append(proposal.draft_token_ids.flatten().tolist())
         return proposal
+
+    real_take = AutoregressiveSpeculator.take_context
+
+    def take_context(self: AutoregressiveSpeculator, step: Any, ctx: DraftContext) -> None:
+        expected.append(())  # a step where nobody drafts: no proposal, nothing to sample
+        real_take(self, step, ctx)
 
     def forward(self: DraftContext, model: Any, step_kind: StepKind, *args: Any, **kw: Any) -> DraftOutput:
         rows = kw.pop("scored_rows", None)
