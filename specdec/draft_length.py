@@ -18,7 +18,8 @@ drafts the policy chose actually fared against what it expected of them
 favours estimates that came out high by chance, and the estimates' prior
 lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
-too low can recover; new requests join the probe schedule the pool is on.
+too low can recover; new requests join the probe schedule the pool is on, and
+the probes are spaced so that they cost at most ``PROBE_SHARE`` of the time.
 
 What a step's tokens are worth depends on whether anyone waits for a slot. With
 requests waiting, a request that finishes early frees its slot for the next,
@@ -39,6 +40,7 @@ reproducible token for token; ``fixed`` draft length is.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -67,6 +69,14 @@ proposed), which costs at most 2 steps in 32 of a small gain. Where drafting
 pays clearly, no baseline is taken."""
 DEFAULT_SOURCE = "model"
 """The source of a request's drafts when the speculator names none (``choose(..., sources=)``)."""
+PROBE_SHARE = 0.01
+"""Probes may cost at most this share of the time of the plain steps between them.
+
+A probe step proposes and verifies one draft per probing request, which at batch 8
+on the benchmark CPU cost 25-30% of a plain step (a DFlash proposal of 7 ms and 8
+verify rows against 37 ms): a probe every 16 decisions would cost ~1.7% of the
+time where drafting never pays, above that bench's 1.2% noise. So a request's probe waits
+at least as many decisions as the fitted cost says keep probes within this share."""
 CALIBRATION = (1.0, 0.0, 0.5, 1.0, 0.25, 0.0, 0.75, 1.0)
 """Draft lengths of the first steps, as shares of K (rounded up): varied so the cost model can be fitted."""
 
@@ -119,6 +129,11 @@ class AcceptanceRates:
 
     def forget(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
+
+    def own_trials(self, req_id: str) -> float:
+        """The request's own verified first drafts: how much of its estimate is its own rather than the pool's."""
+        own = self._requests.get(req_id)
+        return 0.0 if own is None else own.trials[0]
 
     def pooled(self) -> list[float]:
         """Pooled rate per position, with one prior success and one failure (0.5 where nothing was seen)."""
@@ -303,18 +318,23 @@ class DraftLengthPolicy:
         probe_backoff: int = 8,
         cost: StepCost | None = None,
         margin: float = DRAFT_MARGIN,
+        probe_share: float = PROBE_SHARE,
     ) -> None:
         """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before.
 
         A request at 0 drafts is probed after ``probe_every`` decisions. Each probe
         doubles its wait, up to ``probe_backoff`` times ``probe_every``, and the wait
-        resets only when the request drafts again because drafting pays: a probe
-        accepted at a rate that still does not pay (sampling at T = 1, open chat)
-        says nothing new, and a batch of such requests would otherwise probe on
-        most steps.
+        resets only when the request drafts again, on its own outcomes, because
+        drafting pays (``_drafts_on_own_outcomes``): a probe accepted at a rate that
+        still does not pay (sampling at T = 1, open chat) says nothing new, and a
+        batch of such requests would otherwise probe on most steps. A probe also
+        waits at least as long as keeps probe steps within ``probe_share`` of the
+        time (``PROBE_SHARE``), priced by the step cost.
         """
         if not margin >= 0.0:
             raise ValueError(f"margin must be >= 0, got {margin}")
+        if not probe_share > 0.0:
+            raise ValueError(f"probe_share must be > 0 (the share of time probes may cost), got {probe_share}")
         if cost is not None and not cost.seconds(1, 0) > 0.0:
             raise ValueError(
                 f"the known step cost prices a one-row step without drafts at {cost.seconds(1, 0):g} s: {cost}; "
@@ -344,6 +364,7 @@ class DraftLengthPolicy:
         self.margin = margin
         self.probe_every = probe_every
         self.probe_backoff = probe_backoff
+        self.probe_share = probe_share
         self.decisions = 0
         self._idle: dict[str, int] = {}
         """Consecutive decisions at 0 drafts, per request: at its probe wait it drafts one token."""
@@ -415,10 +436,12 @@ class DraftLengthPolicy:
             if gain < BASELINE_WITHIN:
                 self._baseline_left = 1
                 return dict.fromkeys(req_ids, 0)
+        probe_floor = self._priced_probe_wait(cost, base_rows, len(req_ids))
         for rid in req_ids:
             if lengths[rid]:
                 self._idle[rid] = 0
-                self._probe_wait[rid] = self._pool_wait = self.probe_every  # drafting pays: no backoff any more
+                if self._drafts_on_own_outcomes(rid):
+                    self._probe_wait[rid] = self._pool_wait = self.probe_every  # drafting pays: no backoff any more
             else:
                 # A new request joins the pool's probe clock with the pool's wait: what the probes of the requests
                 # before it found holds for it until its own probe says otherwise. Otherwise every new request
@@ -426,13 +449,31 @@ class DraftLengthPolicy:
                 # where drafting never pays (sampling at T = 1, open chat).
                 idle = self._idle.get(rid, self._pool_idle) + 1
                 self._idle[rid] = idle
-                if idle >= self._probe_wait.setdefault(rid, self._pool_wait):
+                if idle >= max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor):
                     lengths[rid], self._idle[rid] = 1, 0
                     self._probing.add(rid)
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
         self._pool_idle = 0 if any(lengths.values()) else self._pool_idle + 1
         return lengths
+
+    def _drafts_on_own_outcomes(self, req_id: str) -> bool:
+        """Whether the request's estimate rests on its own outcomes (as many first drafts as the pool weighs).
+
+        Only then does a chosen draft say that drafting pays for it, and reset its
+        probe wait. A new request's first choices rest on the pool alone, which after
+        a change of workload is the old workload's: a bench run on MT-Bench after
+        HumanEval chose drafts at the start of most batches of 8 on HumanEval's
+        rates, they failed, and each such choice restarted the probes at 16 and 48.
+        """
+        rates = self.acceptance_of(self._source.get(req_id, DEFAULT_SOURCE))
+        return rates.own_trials(req_id) >= rates.request_weight
+
+    def _priced_probe_wait(self, cost: StepCost, base_rows: int, num_reqs: int) -> int:
+        """The fewest decisions between probes that keep a probe step of every request within ``probe_share``."""
+        plain = cost.seconds(base_rows, 0)
+        extra = cost.seconds(base_rows + num_reqs, 1) - plain
+        return max(1, math.ceil(extra / (self.probe_share * plain)))
 
     def _baseline_is_stale(self) -> bool:
         """Measuring, and none of the last ``BASELINE_EVERY`` measured steps drafted nothing."""

@@ -275,7 +275,7 @@ def test_a_row_cost_that_flattens_can_make_later_drafts_pay_again() -> None:
 
 
 def test_the_policy_calibrates_then_optimises_then_probes_an_idle_request() -> None:
-    policy = DraftLengthPolicy(4, probe_every=3)
+    policy = DraftLengthPolicy(4, probe_every=3, probe_share=1.0)
     seen = [policy.choose(["a"], base_rows=1)["a"] for _ in CALIBRATION]
     assert seen == [4, 0, 2, 4, 1, 0, 3, 4]  # varied lengths, so the cost model can be fitted
     for rows, draft in [(1, 0), (5, 4), (3, 2), (2, 1), (1, 0), (5, 4)]:
@@ -297,7 +297,7 @@ def test_a_known_cost_skips_calibration_and_fitting() -> None:
 
 
 def test_probes_back_off_until_drafting_pays_again() -> None:
-    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE)
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE, probe_share=1.0)
     for _ in range(30):
         policy.record_verification("a", 1, 0)  # nothing pays: "a" sits at 0 drafts
 
@@ -328,7 +328,7 @@ def test_probes_back_off_until_drafting_pays_again() -> None:
 
 
 def test_new_requests_join_the_pools_probe_clock_and_its_backed_off_wait() -> None:
-    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE)
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE, probe_share=1.0)
     for _ in range(30):
         policy.record_verification("old", 1, 0)  # nothing pays
     probes = []
@@ -348,11 +348,20 @@ def test_new_requests_join_the_pools_probe_clock_and_its_backed_off_wait() -> No
     for rid in ("a", "b"):
         policy.record_verification(rid, 1, 0)
     for _ in range(40):
-        policy.record_verification("old", 4, 4)  # drafting pays again
+        policy.record_verification("old", 4, 4)  # drafting pays again, by old's own outcomes
+    # "a" drafts on the pool's say-so (one outcome of its own): that says nothing of how its drafts fare, so the
+    # pool keeps its backed-off wait of 8.
     assert policy.choose(["a"], base_rows=1)["a"] > 0
     for _ in range(400):
+        policy.record_verification("old", 1, 0)  # and stops paying
+    assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(8)] == [0] * 7 + [1]
+    policy.record_verification("c", 1, 0)
+    for _ in range(400):
+        policy.record_verification("old", 4, 4)
+    assert policy.choose(["old"], base_rows=1)["old"] > 0  # drafts on its own outcomes: drafting pays
+    for _ in range(400):
         policy.record_verification("old", 1, 0)  # and stops paying: new requests wait probe_every again
-    assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(2)] == [0, 1]
+    assert [policy.choose(["d"], base_rows=1)["d"] for _ in range(2)] == [0, 1]
 
 
 def test_forecasts_that_keep_missing_are_discounted_until_drafting_stops() -> None:
@@ -505,7 +514,7 @@ def test_each_draft_source_has_its_own_acceptance_rates() -> None:
         policy.record_verification("copying", lengths["copying"], lengths["copying"])
         policy.record_verification("writing", lengths["writing"], 0)
     assert lengths == {"copying": 4, "writing": 0}
-    assert policy.acceptance_of("lookup").pooled()[0] > 0.9 > 0.2 > policy.acceptance.pooled()[0]
+    assert policy.acceptance_of("lookup").pooled()[0] > 0.9 > 0.25 > policy.acceptance.pooled()[0]
     # The same request switching source is judged by its new source's rates, and its outcome counted there.
     policy.choose(["copying"], base_rows=1, sources={"copying": "model"})
     policy.record_verification("copying", 1, 0)
@@ -532,3 +541,46 @@ def test_a_source_never_drafts_past_its_limit() -> None:
             policy.record_verification(rid, n, n)
     assert lengths == {"copying": 8, "writing": 3}
     assert policy.choose(["other"], base_rows=1, sources={"other": "model"}, limits={"lookup": 8}) == {"other": 8}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0.005, 0.05),
+    st.floats(0.0001, 0.004),
+    st.floats(0.0, 0.02),
+    st.floats(0.0, 0.004),
+    st.integers(1, 8),
+    st.sampled_from([0.01, 0.05, 0.2]),
+)
+def test_probes_cost_at_most_their_share_of_the_time(
+    base: float, per_row: float, per_proposal: float, per_draft: float, num_reqs: int, share: float
+) -> None:
+    """Drafts never pay; the probes of a batch, each a step of one draft per request, stay within the share."""
+    cost = StepCost(base=base, per_row=per_row, per_proposal=per_proposal, per_draft=per_draft)
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=1, cost=cost, margin=10.0, probe_share=share)
+    reqs = [f"r{i}" for i in range(num_reqs)]
+    probe_steps, decisions = 0, 2_000
+    for _ in range(decisions):
+        lengths = policy.choose(reqs, base_rows=num_reqs)
+        assert set(lengths.values()) <= {0, 1}
+        if any(lengths.values()):
+            probe_steps += 1
+            for rid, n in lengths.items():
+                policy.record_verification(rid, n, 0)
+    plain = cost.seconds(num_reqs, 0)
+    extra = cost.seconds(2 * num_reqs, 1) - plain
+    assert probe_steps >= 1  # probes still happen: an estimate that fell too low can recover
+    assert probe_steps * extra <= share * decisions * plain + extra  # within the share, give or take one probe
+    # And no rarer than the price asks: the wait is the priced one (the backoff is capped at probe_every here).
+    wait = max(2, -(-extra // (share * plain)))
+    assert probe_steps >= decisions // (wait + 1) - 1
+
+
+def test_a_dear_probe_waits_longer_than_probe_every() -> None:
+    """A probe step 29% dearer than a plain one, at a 1% share: 30 decisions apart, not probe_every's 2."""
+    cost = StepCost(base=0.03, per_row=0.001, per_proposal=0.008, per_draft=0.0)  # plain 31 ms, probe 40 ms
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=1, cost=cost, margin=10.0)
+    probes = [d for d in range(1, 101) if policy.choose(["a"], base_rows=1)["a"]]
+    assert probes == [30, 60, 90]
+    with pytest.raises(ValueError, match="probe_share"):
+        DraftLengthPolicy(4, probe_share=0.0)
