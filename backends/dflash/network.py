@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -24,7 +25,7 @@ from backends.draft_vocab import DraftVocab, head_logits
 from contracts import AttentionMetadata
 from specdec.dp_group import DPGroup
 from specdec.kv_storage import PagedKVStorage
-from specdec.nn.attention import attend, validate_attention_inputs, write_kv
+from specdec.nn.attention import validate_attention_inputs, write_kv
 from specdec.nn.config import ModelConfig
 from specdec.nn.layers import Linear, RMSNorm, WeightInit, apply_rope
 from specdec.nn.packed_linear import DRAFTER_ROW_CHUNK, PackedLinear, set_row_chunk
@@ -48,21 +49,38 @@ def block_attention(
 
     The block K/V are concatenated here instead of being written to the cache
     and rolled back, so the draft cache only ever holds committed context.
-    Validates like a kernel first (``q.shape[0]`` vs ``qo_indptr[-1]``).
+    Requests with one query length (every drafting request: a block is K + 1
+    rows) share one masked call over their contexts padded to the longest; a
+    call per request cost 1.8 ms of a 7 ms proposal at batch 8. Validates like
+    a kernel first (``q.shape[0]`` vs ``qo_indptr[-1]``).
     """
     qsl = validate_attention_inputs(q, meta)
-    n_rep = q.shape[1] // kv.num_kv_heads
-    scale = 1.0 / math.sqrt(q.shape[2])
+    heads, head_dim = q.shape[1], q.shape[2]
     out = torch.zeros_like(q)
+    by_len: dict[int, list[int]] = {}
     for r in range(meta.num_reqs):
-        start, end = qsl[r], qsl[r + 1]
-        if end == start:
-            continue
-        ctx_k, ctx_v = kv.gather(layer, meta.block_table[r], context_lens[r])
-        keys = torch.cat([ctx_k, block_k[start:end]]).repeat_interleave(n_rep, dim=1)
-        values = torch.cat([ctx_v, block_v[start:end]]).repeat_interleave(n_rep, dim=1)
-        allowed = torch.ones((end - start, keys.shape[0]), dtype=torch.bool, device=q.device)
-        out[start:end] = attend(q[start:end], keys, values, allowed, scale)
+        if qsl[r + 1] > qsl[r]:
+            by_len.setdefault(qsl[r + 1] - qsl[r], []).append(r)
+    for query_len, reqs in by_len.items():
+        n, device = len(reqs), q.device
+        rows = torch.tensor([i for r in reqs for i in range(qsl[r], qsl[r + 1])], dtype=torch.int64, device=device)
+        lens = [context_lens[r] for r in reqs]
+        width = max(lens)
+        table = meta.block_table.index_select(0, torch.tensor(reqs, dtype=torch.int64, device=device))
+        ctx_k, ctx_v = kv.gather_slots(layer, kv.slot_table(table, lens, width))
+        shape = (n, query_len, kv.num_kv_heads, head_dim)
+        keys = torch.cat([ctx_k, block_k.index_select(0, rows).view(shape)], dim=1).transpose(1, 2)
+        values = torch.cat([ctx_v, block_v.index_select(0, rows).view(shape)], dim=1).transpose(1, 2)
+        # Context positions past a request's own length read the null slot and are masked; its block is all seen.
+        context = torch.arange(width, device=device)[None, :] < torch.tensor(lens, device=device)[:, None]
+        allowed = torch.cat([context, context.new_ones(n, query_len)], dim=1)
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        queries = q.index_select(0, rows).view(n, query_len, heads, head_dim).transpose(1, 2)
+        # Scores and softmax accumulate in float32 inside the kernel, as in the target's attention.
+        attended = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=bias[:, None, None, :], scale=1.0 / math.sqrt(head_dim), enable_gqa=True
+        )
+        out.index_copy_(0, rows, attended.transpose(1, 2).reshape(n * query_len, heads, head_dim))
     return out
 
 

@@ -474,17 +474,3 @@ def _attend_exact(
     if heads_layout:
         out = out.view(reqs, kv_heads, q_len, heads // kv_heads, head_dim).transpose(1, 2)
     return out.reshape(reqs * q_len, heads, head_dim)
-
-
-def attend(
-    q: Float[Tensor, "q_len heads head_dim"],
-    keys: Float[Tensor, "kv_len heads head_dim"],
-    values: Float[Tensor, "kv_len heads head_dim"],
-    allowed: Bool[Tensor, "q_len kv_len"],
-    scale: float,
-) -> Float[Tensor, "q_len heads head_dim"]:
-    """Masked softmax attention of one request, scores in float32 (the DFlash block attention calls it)."""
-    scores = torch.einsum("qhd,khd->hqk", q.to(torch.float32), keys.to(torch.float32)) * scale
-    scores = scores.masked_fill(~allowed[None, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, values.to(torch.float32)).to(q.dtype)
