@@ -161,17 +161,17 @@ class DFlashSpeculator(DraftCacheOwner):
     block_layout = "bonus_first"
 
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        k, q = self.num_spec_tokens, self.query_width
+        k = self.num_spec_tokens
         drafting, out, desc, tokens = self._block_forward(step, ctx)
         if out is None:
             return Proposal(
                 draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, evidence=no_block_ran(desc, tokens)
             )
         m, device = len(drafting), tokens.device
-        sample_rows = torch.tensor([i * q + j for i in range(m) for j in range(1, q)], dtype=torch.int64, device=device)
+        sample_rows = torch.tensor(self._sampled_rows(m), dtype=torch.int64, device=device)
         params = [step.params[r] for r in drafting]
         vocab = out.logits.shape[-1]
-        drawn, drawn_probs = self._draw(out.logits[sample_rows], [p for p in params for _ in range(k)])
+        drawn, drawn_probs = self._draw(out.logits, [p for p in params for _ in range(k)])  # the sampled rows only
         tokens[drafting] = drawn.view(m, k)
         probs = source = None
         num_drafts = tuple(step.draft_budget(r, k) for r in range(step.num_reqs))
@@ -180,7 +180,7 @@ class DFlashSpeculator(DraftCacheOwner):
             probs[drafting] = drawn_probs.view(m, k, vocab)
             if current_mode() is Mode.FULL:  # the logits behind each slot, for VER-9 to recompute the proposal
                 logits = torch.zeros_like(probs)
-                logits[drafting] = out.logits[sample_rows].float().view(m, k, vocab)
+                logits[drafting] = out.logits.float().view(m, k, vocab)
                 source = proposal_source(logits, num_drafts, step.params)
         return Proposal(
             draft_token_ids=tokens,
@@ -198,8 +198,9 @@ class DFlashSpeculator(DraftCacheOwner):
 
         Returns the drafting request rows, the block output (None when no rank
         drafts: every rank then skips alike, and the context is held for the
-        next block forward), the block step's descriptor and a token buffer of
-        ``REJECTED_TOKEN_ID``.
+        next block forward; its logits and hidden states are those of
+        ``_sampled_rows`` alone, in that order), the block step's descriptor and
+        a token buffer of ``REJECTED_TOKEN_ID``.
         """
         k, q = self.num_spec_tokens, self.query_width
         context = self._plan_context(step)
@@ -227,8 +228,18 @@ class DFlashSpeculator(DraftCacheOwner):
             facts,
             self.storage,
             num_tokens_across_dp=across,
+            scored_rows=self._sampled_rows(m),
         )
         return drafting, out, desc, tokens
+
+    def _sampled_rows(self, num_drafting: int) -> list[int]:
+        """The block rows whose logits become drafts, request-major: all but each block's bonus row.
+
+        Only these go through the LM head (``scored_rows``): not the bonus rows, nor
+        a DP pad's, whose vocabulary-wide logits rows nobody reads.
+        """
+        q = self.query_width
+        return [i * q + j for i in range(num_drafting) for j in range(1, q)]
 
     def take_context(self, step: TargetStep, ctx: DraftContext) -> None:
         """A step where no request drafts, without DP (``ContextTaker``): its context held, no block sync."""

@@ -76,23 +76,27 @@ class DSparkSpeculator(DFlashSpeculator):
         """Anchor first: the anchor's own row already predicts the next token, so q = K."""
         return self.num_spec_tokens
 
+    def _sampled_rows(self, num_drafting: int) -> list[int]:
+        """Every block row proposes a token (anchor first); a DP pad's rows are not scored."""
+        return list(range(num_drafting * self.query_width))
+
     # -- one proposal ----------------------------------------------------------------------------
 
     @torch.no_grad()
     def propose(self, step: TargetStep, ctx: DraftContext) -> Proposal:
-        k = q = self.num_spec_tokens
+        k = self.num_spec_tokens
         drafting, out, desc, tokens = self._block_forward(step, ctx)
         if out is None:
             return Proposal(
                 draft_token_ids=tokens, num_drafts=(0,) * step.num_reqs, evidence=no_block_ran(desc, tokens)
             )
         m, device = len(drafting), tokens.device
-        sample_rows = torch.arange(m * q, dtype=torch.int64, device=device)  # every block row proposes a token
+        sample_rows = torch.tensor(self._sampled_rows(m), dtype=torch.int64, device=device)
         params = [step.params[r] for r in drafting]
         anchors = torch.tensor([step.next_token_ids[r] for r in drafting], dtype=torch.int64, device=device)
         # Explicit sizes: a rank with no drafting request (m = 0) still runs the block forward for its DP peers.
-        backbone = out.logits[sample_rows].view(m, k, out.logits.shape[-1])
-        hidden = out.hidden_states[sample_rows].view(m, k, out.hidden_states.shape[-1])
+        backbone = out.logits.view(m, k, out.logits.shape[-1])  # the forward scored the sampled rows only
+        hidden = out.hidden_states.view(m, k, out.hidden_states.shape[-1])
         # The engine verifies at most each request's budget: slots past the longest one are not drawn at all.
         width = max((step.draft_budget(r, k) for r in drafting), default=0)
         drawn, prev, probs, confidence = self._markov_loop(backbone, hidden, anchors, params, width)
