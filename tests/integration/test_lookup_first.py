@@ -107,12 +107,14 @@ def test_greedy_output_equals_plain_with_both_sources_drafting(
 
 
 def test_a_lookup_never_drafts_past_the_budget(target: Transformer) -> None:
-    """Under budgets of 1 (the policy's first steps after calibration), every lookup row drafts at most 1."""
+    """Under budgets of 1 (probes: no draft pays here), every lookup row drafts at most 1."""
     spec = create("eagle", target, num_spec_tokens=3, lookup=1)
     assert isinstance(spec, LookupFirst)
     cheap_one = StepCost(base=0.02, per_row=0.0005, per_proposal=0.001, per_draft=0.05)  # a second draft never pays
     with enforce("full"):
-        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=DraftLengthPolicy(3, cost=cheap_one))
+        # Probes at probe_every whatever they cost (probe_share 1): they are what drafts here.
+        policy = DraftLengthPolicy(3, cost=cheap_one, probe_share=1.0)
+        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=policy)
         assert run(engine) == run(Engine(target, CONFIG))
     assert spec.looked_up > 0
     assert engine.metrics.drafted > 0 and not any(engine.metrics.drafted_by_position[1:])
