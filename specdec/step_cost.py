@@ -23,6 +23,13 @@ refitted as samples arrive (less often once the window is full); a fit
 that prices a one-row plain step at no time or less is refitted with
 ``base`` non-negative too, and one that still does is not adopted (the
 draft-length policy divides by these times).
+The drafting coefficients are only as good as the drafting steps in the
+window: where drafting stopped paying, the window fills with plain steps, and a
+fit over the few drafting ones left (a probe or two a batch) can price a
+proposal at nothing. So a refit whose window holds fewer drafting steps than
+``MIN_DRAFTING_SAMPLES`` (or than the last full fit had, if that was fewer)
+keeps the shape of the last full fit and only rescales it to the window's
+steps, which follow the machine's speed (``StepCostModel.refit``).
 Steps that prefill are left out: their attention over long prompts is not
 what a decode step's draft length changes. So are, at each refit, steps far
 off the first fit (``OUTLIER_SPREADS``): a kernel compiled on a shape's first
@@ -46,6 +53,13 @@ MAX_BENDS = 6
 """Candidate bends of the row cost at most: enough for the shape of a forward's cost, few enough to stay pinned."""
 BEND_SPACING = 1.25
 """Consecutive candidate bends lie at least this factor apart in rows."""
+MIN_DRAFTING_SAMPLES = 32
+"""Drafting steps a window needs for a full refit; with fewer, the last full fit is rescaled instead.
+
+On the benchmark CPU at batch 8 (greedy MT-Bench after HumanEval, DFlash), a window
+of 256 steps with 23 drafting ones priced the proposal and the first 14 rows at
+nothing, and the policy drafted on 13 of a batch's 64 decisions (32 of 94 drafts
+accepted). Probes of one shape cannot tell a verify row's cost from the proposal's."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,16 @@ class StepCost:
             self.base + self.row_seconds(rows) + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
         )
 
+    def scaled(self, factor: float) -> StepCost:
+        """Every step ``factor`` times as dear: the same machine, busier or idler."""
+        return StepCost(
+            self.base * factor,
+            self.per_row * factor,
+            self.per_proposal * factor,
+            self.per_draft * factor,
+            bends=tuple((knee, extra * factor) for knee, extra in self.bends),
+        )
+
 
 @dataclass(frozen=True)
 class StepSample:
@@ -102,6 +126,8 @@ class StepCostModel:
         self.refit_every = refit_every
         self.fitted: StepCost | None = None
         self._since_fit = 0
+        self._full: tuple[StepCost, int] | None = None
+        """The last fit of every coefficient, and how many drafting steps its window held."""
 
     def observe(self, rows: int, max_draft: int, seconds: float) -> None:
         if rows < 1 or max_draft < 0 or not seconds > 0.0:
@@ -129,9 +155,17 @@ class StepCostModel:
         return _identifiable(list(self.samples))
 
     def refit(self) -> StepCost | None:
-        """Fit the window; a fit that would price some step at no time (or less) is never adopted."""
+        """Fit the window; a fit that would price some step at no time (or less) is never adopted.
+
+        With too few drafting steps in the window to price drafting
+        (``MIN_DRAFTING_SAMPLES``), the last full fit is rescaled to the window instead.
+        """
         self._since_fit = 0
         samples = list(self.samples)
+        drafting = sum(1 for s in samples if s.max_draft)
+        if self._full is not None and drafting < min(MIN_DRAFTING_SAMPLES, self._full[1]):
+            self.fitted = _rescaled(self._full[0], samples)
+            return self.fitted
         if not _identifiable(samples):
             return self.fitted
         knees = bend_candidates([s.rows for s in samples])
@@ -161,7 +195,14 @@ class StepCostModel:
             fit, _ = _fit(x[used], y[used], knees, free_base=False)
         if fit.seconds(1, 0) > 0.0:
             self.fitted = fit
+            self._full = (fit, drafting)
         return self.fitted
+
+
+def _rescaled(cost: StepCost, samples: list[StepSample]) -> StepCost:
+    """``cost`` times the median ratio of the samples' seconds to its predictions (a stall moves a median little)."""
+    ratios = torch.tensor([s.seconds / cost.seconds(s.rows, s.max_draft) for s in samples], dtype=torch.float64)
+    return cost.scaled(_median(ratios))
 
 
 def _median(values: torch.Tensor) -> float:

@@ -161,6 +161,50 @@ def test_a_straight_line_misprices_the_rows_that_steepen(monkeypatch: pytest.Mon
     assert max(abs(line.seconds(r, 2) / STEEPENING.seconds(r, 2) - 1.0) for r in range(8, 41)) > 0.05
 
 
+def _observe_mostly_plain(model: StepCostModel, rng: random.Random, slower: float = 1.0) -> None:
+    """A full window where drafting stopped paying: plain steps of 8 rows, and 20 probes of one draft each."""
+    probes = set(rng.sample(range(256), 20))
+    for i in range(256):
+        rows, draft = (16, 1) if i in probes else (8, 0)
+        model.observe(rows, draft, STEEPENING.seconds(rows, draft) * slower * rng.uniform(0.97, 1.03))
+
+
+def test_a_window_of_few_drafting_steps_keeps_the_last_full_fits_shape() -> None:
+    """Probes of one shape alone cannot tell a verify row's cost from the proposal's; the full fit's shape can."""
+    rng = random.Random(3)
+    model = StepCostModel()
+    for _ in range(256):
+        rows, draft = rng.randint(8, 40), rng.randint(0, 4)
+        model.observe(rows, draft, STEEPENING.seconds(rows, draft) * rng.uniform(0.97, 1.03))
+    _observe_mostly_plain(model, rng)
+    assert sum(1 for s in model.samples if s.max_draft) == 20 < step_cost.MIN_DRAFTING_SAMPLES
+    fit = model.fitted
+    assert fit is not None
+    for rows, draft in [(8, 0), (16, 1), (24, 2), (40, 4)]:
+        assert fit.seconds(rows, draft) == pytest.approx(STEEPENING.seconds(rows, draft), rel=0.05), (rows, draft)
+    # The machine gets busier: the kept shape follows its speed.
+    _observe_mostly_plain(model, rng, slower=1.5)
+    fit = model.fitted
+    assert fit is not None
+    for rows, draft in [(8, 0), (16, 1), (24, 2), (40, 4)]:
+        assert fit.seconds(rows, draft) == pytest.approx(1.5 * STEEPENING.seconds(rows, draft), rel=0.05), (rows, draft)
+
+
+def test_enough_drafting_steps_refit_every_coefficient() -> None:
+    """A drafting cost that changed is followed once the window holds enough drafting steps to price it."""
+    model, rng = StepCostModel(), random.Random(4)
+    for _ in range(256):
+        rows, draft = rng.randint(8, 40), rng.randint(0, 4)
+        model.observe(rows, draft, STEEPENING.seconds(rows, draft) * rng.uniform(0.97, 1.03))
+    for _ in range(256):
+        rows, draft = rng.randint(1, 40), rng.randint(0, 4)
+        model.observe(rows, draft, TRUE.seconds(rows, draft) * rng.uniform(0.97, 1.03))
+    fit = model.fitted
+    assert fit is not None
+    for rows, draft in [(1, 0), (8, 1), (24, 2), (40, 4)]:
+        assert fit.seconds(rows, draft) == pytest.approx(TRUE.seconds(rows, draft), rel=0.05), (rows, draft)
+
+
 @given(st.lists(st.integers(1, 200), min_size=1, max_size=60))
 def test_bends_sit_at_measured_row_counts_inside_the_range_spaced_apart(rows: list[int]) -> None:
     knees = bend_candidates(rows)
