@@ -58,7 +58,7 @@ MIN_DRAFTING_SAMPLES = 32
 
 On the benchmark CPU at batch 8 (greedy MT-Bench after HumanEval, DFlash), a window
 of 256 steps with 23 drafting ones priced the proposal and the first 14 rows at
-nothing, and the policy drafted on 13 of a batch's 64 decisions (32 of 94 drafts
+nothing, and the policy chose drafts on 13 decisions of a 61-step batch (32 of 94 drafts
 accepted). Probes of one shape cannot tell a verify row's cost from the proposal's."""
 
 
