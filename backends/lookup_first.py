@@ -37,6 +37,7 @@ from backends.prompt_lookup import SuffixIndex, check_match_lengths
 from contracts import StepKind
 from specdec.draft_length import DEFAULT_SOURCE
 from specdec.nn.transformer import Transformer
+from specdec.shadow_drafts import FreeDraft
 from specdec.speculator import ContextTaker, DraftContext, Proposal, Speculator, TargetStep, check_proposal
 
 LOOKUP_SOURCE = "lookup"
@@ -65,6 +66,7 @@ class LookupFirst:
             self.weights_source = source
         self._inner_taker = inner if isinstance(inner, ContextTaker) else None
         self._indexes: dict[str, SuffixIndex] = {}
+        self._free: dict[str, FreeDraft] = {}
         self.looked_up = 0
         """Requests' drafts that came from the lookup, over all steps (a drafting request counts once a step)."""
 
@@ -107,13 +109,22 @@ class LookupFirst:
         """Whose drafts each request gets next step, from its tokens (committed, then the next one): ``lookup`` or
         the wrapped drafter's (``DEFAULT_SOURCE``). The adaptive draft length keeps separate acceptance rates for
         each, since a match's drafts are accepted far more often than a small model's."""
-        sources = {}
+        sources, self._free = {}, {}
         for req_id, history in tokens.items():
             index = self._index(req_id)
             index.extend(history, len(history) - 1)
-            found = bool(history) and bool(index.drafts(history[-1], 1))
-            sources[req_id] = LOOKUP_SOURCE if found else DEFAULT_SOURCE
+            drafts = index.drafts(history[-1], self.num_spec_tokens) if history else []
+            if drafts:
+                sources[req_id] = LOOKUP_SOURCE
+                self._free[req_id] = FreeDraft(len(history), tuple(drafts))
+            else:
+                sources[req_id] = DEFAULT_SOURCE
         return sources
+
+    def free_drafts(self) -> dict[str, FreeDraft]:
+        """The lookup's drafts that the last ``draft_sources`` found: free to make, so the adaptive draft length
+        checks them against the output of the requests it leaves at 0 drafts (``specdec.shadow_drafts``)."""
+        return self._free
 
     def _index(self, req_id: str) -> SuffixIndex:
         index = self._indexes.get(req_id)

@@ -31,6 +31,7 @@ _EXPORTS = {
     "DraftOutput": "specdec.speculator",
     "Engine": "specdec.engine",
     "EngineConfig": "specdec.engine",
+    "FreeDraft": "specdec.shadow_drafts",
     "ModelConfig": "specdec.nn.config",
     "ModelOutput": "specdec.nn.transformer",
     "PagedKVStorage": "specdec.kv_storage",
@@ -66,6 +67,7 @@ __all__ = [
     "DraftStep",
     "Engine",
     "EngineConfig",
+    "FreeDraft",
     "ModelConfig",
     "ModelOutput",
     "PagedKVStorage",
@@ -114,6 +116,7 @@ if TYPE_CHECKING:
     from specdec.nn.transformer import ModelOutput, Transformer
     from specdec.sampling import SamplingParams
     from specdec.scheduler import SchedulerConfig
+    from specdec.shadow_drafts import FreeDraft
     from specdec.speculator import (
         ContextTaker,
         DraftContext,

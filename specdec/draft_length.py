@@ -20,6 +20,9 @@ lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
 too low can recover; new requests join the probe schedule the pool is on, and
 the probes are spaced so that they cost at most ``PROBE_SHARE`` of the time.
+Drafts that cost nothing to make (a prompt lookup's) need no probe: for a
+request at 0 drafts they are checked against the tokens the target emits
+instead (``specdec.shadow_drafts``), and counted under their source.
 
 What a step's tokens are worth depends on whether anyone waits for a slot. With
 requests waiting, a request that finishes early frees its slot for the next,
@@ -44,6 +47,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specdec.shadow_drafts import FreeDraft, ShadowDrafts, ShadowOutcome
 from specdec.step_cost import StepCost, StepCostModel
 
 DRAFT_MARGIN = 0.05
@@ -378,6 +382,10 @@ class DraftLengthPolicy:
         """Decisions since any request drafted or probed: a new request's idle count starts here."""
         self._baseline_left = 0
         """Decisions still to draft nothing so that plain decoding's step is measured again (``BASELINE_EVERY``)."""
+        self.shadows = ShadowDrafts()
+        """Free drafts of requests left at 0 drafts, checked against their output (``record_output``)."""
+        self.shadow_outcomes = 0
+        """Outcomes recorded from free drafts rather than verification, over the policy's life."""
 
     def choose(
         self,
@@ -388,6 +396,7 @@ class DraftLengthPolicy:
         draining: bool = False,
         sources: Mapping[str, str] | None = None,
         limits: Mapping[str, int] | None = None,
+        free_drafts: Mapping[str, FreeDraft] | None = None,
     ) -> dict[str, int]:
         """Draft lengths for the requests that may draft next step (each in 0..K).
 
@@ -401,7 +410,32 @@ class DraftLengthPolicy:
         its own acceptance rates (``DEFAULT_SOURCE`` where none is named). ``limits``: the most drafts a
         source gives a request (K where a source is not named): a lookup may draft more than the model
         behind it, and a length the source cannot fill would be priced as rows never verified.
+        ``free_drafts``: the drafts some requests would get at no model cost (their source's, as
+        ``sources`` names it); those left at 0 drafts have them checked against their output instead
+        (``record_output``).
         """
+        lengths = self._choose(
+            req_ids,
+            base_rows=base_rows,
+            remaining=remaining,
+            draining=draining,
+            sources=sources,
+            limits=limits,
+        )
+        if free_drafts:
+            self._shadow(lengths, free_drafts, remaining, limits)
+        return lengths
+
+    def _choose(
+        self,
+        req_ids: Sequence[str],
+        *,
+        base_rows: int,
+        remaining: Mapping[str, int] | None,
+        draining: bool,
+        sources: Mapping[str, str] | None,
+        limits: Mapping[str, int] | None,
+    ) -> dict[str, int]:
         if draining and remaining is None:
             raise ValueError("a draining batch's critical requests are those with the most tokens left: pass remaining")
         k = self.num_spec_tokens
@@ -457,6 +491,35 @@ class DraftLengthPolicy:
         self._pool_idle = 0 if any(lengths.values()) else self._pool_idle + 1
         return lengths
 
+    def _shadow(
+        self,
+        lengths: Mapping[str, int],
+        free_drafts: Mapping[str, FreeDraft],
+        remaining: Mapping[str, int] | None,
+        limits: Mapping[str, int] | None,
+    ) -> None:
+        """Keep the free drafts of requests left at 0 drafts, as many as their source and their budget allow."""
+        for rid, n in lengths.items():
+            draft = free_drafts.get(rid)
+            if n or draft is None or rid in self.shadows:
+                continue
+            source = self._source[rid]
+            cap = min(self.num_spec_tokens, (limits or {}).get(source, self.num_spec_tokens))
+            if remaining is not None:
+                cap = min(cap, remaining[rid])  # positions the output never reaches say nothing
+            if cap > 0:
+                self.shadows.start(rid, source, FreeDraft(draft.position, draft.tokens[:cap]))
+
+    def record_output(self, req_id: str, tokens: Sequence[int]) -> None:
+        """The request's tokens (prompt then output) after a step: they settle its pending free draft, if any."""
+        outcome = self.shadows.observe(req_id, tokens)
+        if outcome is not None:
+            self._record_shadow(req_id, outcome)
+
+    def _record_shadow(self, req_id: str, outcome: ShadowOutcome) -> None:
+        self.acceptance_of(outcome.source).record(req_id, outcome.num_drafts, outcome.num_accepted)
+        self.shadow_outcomes += 1
+
     def _drafts_on_own_outcomes(self, req_id: str) -> bool:
         """Whether the request's estimate rests on its own outcomes (as many first drafts as the pool weighs).
 
@@ -510,6 +573,9 @@ class DraftLengthPolicy:
             self._probe_wait[req_id] = self._pool_wait = min(2 * wait, self.probe_every * self.probe_backoff)
 
     def forget(self, req_id: str) -> None:
+        outcome = self.shadows.drop(req_id)
+        if outcome is not None:
+            self._record_shadow(req_id, outcome)  # before the request's own counts go with it
         for rates in self._by_source.values():
             rates.forget(req_id)
         self._source.pop(req_id, None)

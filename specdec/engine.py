@@ -372,6 +372,7 @@ class Engine:
                     req.metrics.record(it.num_drafts, a, len(emitted[r]))
                     if self.draft_policy is not None:
                         self.draft_policy.record_verification(req.req_id, it.num_drafts, a)
+                        self.draft_policy.record_output(req.req_id, req.history(req.num_tokens))
                 out.next_tokens.append(req.tokens[-1])
             else:
                 req.num_computed += len(it.query_tokens)
@@ -406,9 +407,17 @@ class Engine:
         named = getattr(self.speculator, "draft_sources", None)
         sources = named({r.req_id: r.tokens for r in drafters}) if named is not None and ids else None
         limits = getattr(self.speculator, "draft_limits", None)  # a lookup may draft past the model behind it
+        # Drafts that cost nothing (a lookup's): checked against the output of requests left at 0 drafts.
+        free = getattr(self.speculator, "free_drafts", None) if sources is not None else None
         lengths = (
             self.draft_policy.choose(
-                ids, base_rows=len(ids), remaining=remaining, draining=draining, sources=sources, limits=limits
+                ids,
+                base_rows=len(ids),
+                remaining=remaining,
+                draining=draining,
+                sources=sources,
+                limits=limits,
+                free_drafts=free() if free is not None else None,
             )
             if ids
             else {}

@@ -29,6 +29,7 @@ import torch
 from specdec.bench.options import DEFAULT_BACKENDS
 from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
+from specdec.shadow_drafts import FreeDraft
 from specdec.speculator import ContextTaker
 
 PLAIN = "plain"
@@ -52,8 +53,9 @@ class DraftNothing(DraftLengthPolicy):
         draining: bool = False,
         sources: Mapping[str, str] | None = None,
         limits: Mapping[str, int] | None = None,
+        free_drafts: Mapping[str, FreeDraft] | None = None,
     ) -> dict[str, int]:
-        del base_rows, remaining, draining, sources, limits
+        del base_rows, remaining, draining, sources, limits, free_drafts
         self.decisions += 1
         return dict.fromkeys(req_ids, 0)
 

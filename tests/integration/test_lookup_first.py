@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,12 +14,13 @@ import backends.lookup_first as lookup_first
 from backends import create
 from backends.lookup_first import LookupFirst
 from contracts import ContractViolation, enforce
-from specdec.draft_length import DraftLengthPolicy
+from specdec.draft_length import AcceptanceRates, DraftLengthPolicy
 from specdec.engine import Engine, EngineConfig
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
 from specdec.sampling import SamplingParams
 from specdec.scheduler import SchedulerConfig
+from specdec.shadow_drafts import FreeDraft
 from specdec.speculator import DraftContext, Proposal, TargetStep
 from specdec.step_cost import StepCost
 
@@ -274,3 +276,74 @@ def test_lookup_drafts_that_cannot_be_met_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         create("dflash", target, num_spec_tokens=3, **options)
+
+
+NEVER_PAYS = StepCost(base=0.02, per_row=0.05, per_proposal=0.05, per_draft=0.05)
+
+
+class ShadowRecordingPolicy(DraftLengthPolicy):
+    """A policy under which no draft pays, keeping each decision's free drafts, remaining tokens and lengths."""
+
+    def __init__(self) -> None:
+        super().__init__(6, cost=NEVER_PAYS)
+        self._by_source["lookup"] = AcceptanceRates(6, pool_decay=1.0)  # plain counts, to compare exactly
+        self.calls: list[tuple[dict[str, FreeDraft], dict[str, int], dict[str, int]]] = []
+
+    def choose(self, req_ids: Sequence[str], *, base_rows: int, **context: Any) -> dict[str, int]:
+        lengths = super().choose(req_ids, base_rows=base_rows, **context)
+        self.calls.append((dict(context.get("free_drafts") or {}), dict(context["remaining"]), dict(lengths)))
+        return lengths
+
+
+def shadow_counts(
+    calls: Sequence[tuple[dict[str, FreeDraft], dict[str, int], dict[str, int]]], tokens: dict[str, list[int]], k: int
+) -> tuple[list[int], list[int]]:
+    """Per-position trials and acceptances of the free drafts, recounted from the requests' final tokens: a draft
+    is kept at a decision that leaves its request at 0 drafts with none pending, cut to the tokens it may still
+    emit, and settles at its first mismatch, when all matched, or (matched part only) when the request ends."""
+    trials, accepted = [0] * k, [0] * k
+
+    def outcome(draft: FreeDraft, final: list[int]) -> tuple[float, int, int]:
+        j, end = 0, len(final)
+        while j < len(draft.tokens) and draft.position + j < end and final[draft.position + j] == draft.tokens[j]:
+            j += 1
+        if j < len(draft.tokens) and draft.position + j < end:
+            return draft.position + j, len(draft.tokens), j
+        if j == len(draft.tokens):
+            return draft.position + j - 1, j, j
+        return math.inf, j, j
+
+    def count(num_drafts: int, num_accepted: int) -> None:
+        for pos in range(min(num_accepted + 1, num_drafts)):
+            trials[pos] += 1
+            accepted[pos] += pos < num_accepted
+
+    pending: dict[str, tuple[float, int, int]] = {}
+    for free, remaining, lengths in calls:
+        for rid, draft in free.items():
+            if lengths[rid]:
+                continue
+            if rid in pending and pending[rid][0] < draft.position:  # settled by a token it had by now
+                count(*pending.pop(rid)[1:])
+            if rid not in pending:
+                cut = FreeDraft(draft.position, draft.tokens[: min(k, remaining[rid])])
+                pending[rid] = outcome(cut, tokens[rid])
+    for _, num_drafts, num_accepted in pending.values():
+        count(num_drafts, num_accepted)
+    return trials, accepted
+
+
+def test_free_lookup_drafts_are_checked_against_the_output_where_nothing_is_drafted(target: Transformer) -> None:
+    """No draft pays: nothing is drafted or probed by lookup, the output is plain decoding's, and the lookup's
+    rates hold exactly what its would-be drafts scored against the tokens the requests then emitted."""
+    plain = run(Engine(target, CONFIG))
+    spec = create("dflash", target, num_spec_tokens=3, lookup=2, lookup_drafts=6)
+    policy = ShadowRecordingPolicy()
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=policy)
+        assert run(engine) == plain
+    tokens = {f"q{i}": [*p, *out] for i, (p, out) in enumerate(zip(PROMPTS, plain, strict=True))}
+    trials, accepted = shadow_counts(policy.calls, tokens, 6)
+    pool = policy.acceptance_of("lookup")._pool
+    assert pool.trials == trials and pool.accepted == accepted
+    assert trials[0] == policy.shadow_outcomes > 5 and 0 < accepted[0] < trials[0] and trials[3] > 0
