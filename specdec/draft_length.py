@@ -20,9 +20,9 @@ lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
 too low can recover; new requests join the probe schedule the pool is on, and
 the probes are spaced so that they cost at most ``PROBE_SHARE`` of the time.
-Drafts that cost nothing to make (a prompt lookup's) need no probe: for a
-request at 0 drafts they are checked against the tokens the target emits
-instead (``specdec.shadow_drafts``), and counted under their source.
+Drafts that cost nothing to make (a prompt lookup's) teach it without a
+probe: for a request at 0 drafts they are checked against the tokens the
+target emits (``specdec.shadow_drafts``), and counted under their source.
 
 What a step's tokens are worth depends on whether anyone waits for a slot. With
 requests waiting, a request that finishes early frees its slot for the next,
