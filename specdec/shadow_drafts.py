@@ -2,10 +2,9 @@
 
 The adaptive draft length learns a source's acceptance only from drafts it
 verified, so a request it leaves at 0 drafts teaches it nothing, and a new
-request drafts on the pool's rates until its own outcomes outweigh them. After
-a change of workload those rates are the old workload's: a batch-8 MT-Bench
-run after HumanEval chose prompt-lookup drafts on a pool whose first-draft
-rate (0.81) was HumanEval's, for requests with no lookup outcome of their own.
+request drafts on the pool's rates until its own outcomes outweigh them: a
+batch-8 MT-Bench run after HumanEval chose a request's first prompt-lookup
+drafts on HumanEval's pool alone, with no lookup outcome of the request's own.
 
 Some drafts cost nothing to make: a prompt lookup's is a few dictionary reads.
 For a request at 0 drafts the policy keeps such a would-be draft
