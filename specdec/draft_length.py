@@ -201,19 +201,21 @@ def best_draft_lengths(
     base_rows: int,
     num_sampling: int,
     margin: float = 0.0,
+    free: Collection[str] = (),
 ) -> dict[str, int]:
     """Per-request draft lengths maximising expected output tokens per second of the next step.
 
     ``gains[r][j]`` is what draft j + 1 of request r adds in expectation
     (non-increasing in j); ``base_rows`` the rows the next step verifies
     without any draft, ``num_sampling`` how many of its requests emit a token.
-    For each longest length m, the best drafts up to m are taken by gain
-    while they raise the ratio; the best over every m wins, ties to fewer drafts.
+    The drafts of requests in ``free`` (a prompt lookup's) cost their verify
+    rows and no proposal. For each longest proposed length m (0: free drafts
+    only), the best drafts are taken by gain, the proposed ones up to m, while
+    they raise the ratio; the best over every m wins, ties to fewer drafts.
     Any drafting must beat no drafting by the share ``margin``.
     """
     best: dict[str, int] = dict.fromkeys(gains, 0)
     best_rate = num_sampling / cost.seconds(base_rows, 0) * (1.0 + margin)
-    k = max((len(g) for g in gains.values()), default=0)
     # By gain, then position: equal gains never put a request's draft j + 1 before its draft j. One ranking serves
     # every m: its drafts up to length m keep their order.
     ranked = sorted(
@@ -221,17 +223,20 @@ def best_draft_lengths(
         key=lambda c: (-c[0], c[1]),
     )
     convex = all(extra >= 0.0 for _, extra in cost.bends)
-    for m in range(1, k + 1):
+    longest_proposable = max((len(g) for rid, g in gains.items() if rid not in free), default=0)
+    for m in range(0 if any(rid in free for rid in gains) else 1, longest_proposable + 1):
         tokens, rows, lengths, longest = float(num_sampling), base_rows, dict.fromkeys(gains, 0), 0
         rate = tokens / cost.seconds(rows, longest)
         for gain, length, rid in ranked:
-            if length > m:
+            proposed = rid not in free
+            if proposed and length > m:
                 continue
             settled = longest == m  # from here on a draft adds one row and nothing else to the cost
             tokens += gain
             rows += 1
             lengths[rid] = length
-            longest = max(longest, length)
+            if proposed:
+                longest = max(longest, length)
             before, rate = rate, tokens / cost.seconds(rows, longest)
             if rate > best_rate * (1.0 + 1e-9):
                 best_rate, best = rate, dict(lengths)
@@ -249,6 +254,7 @@ def best_drain_lengths(
     base_rows: int,
     critical: Collection[str],
     margin: float = 0.0,
+    free: Collection[str] = (),
 ) -> dict[str, int]:
     """Per-request draft lengths maximising the slowest critical request's expected progress per second.
 
@@ -259,7 +265,8 @@ def best_drain_lengths(
     request's shortest prefix whose gains add up to it, so trying every level
     some prefix attains finds the best (for a cost that grows with rows and
     drafts, ``StepCost.monotone``, as every fit does: with a cost that falls,
-    a longer prefix could be cheaper); ties go to fewer drafts. Drafting must
+    a longer prefix could be cheaper); ties go to fewer drafts. The drafts of
+    requests in ``free`` cost their verify rows and no proposal. Drafting must
     beat no drafting by the share ``margin``.
     """
     best: dict[str, int] = dict.fromkeys(gains, 0)
@@ -280,13 +287,18 @@ def best_drain_lengths(
                 break
             lengths[rid] = shortest + 1
         else:
-            seconds = cost.seconds(base_rows + sum(lengths.values()), max(lengths.values()))
+            seconds = cost.seconds(base_rows + sum(lengths.values()), _longest_proposed(lengths, free))
             if prune and most / seconds <= best_rate * (1.0 + 1e-9):
                 break
             rate = (1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())) / seconds
             if rate > best_rate * (1.0 + 1e-9):
                 best_rate, best = rate, lengths
     return best
+
+
+def _longest_proposed(lengths: Mapping[str, int], free: Collection[str]) -> int:
+    """The longest draft the drafter proposes: a free source's drafts (a lookup's) run no proposal."""
+    return max((n for rid, n in lengths.items() if rid not in free), default=0)
 
 
 def predicted_gain(
@@ -296,6 +308,7 @@ def predicted_gain(
     *,
     base_rows: int,
     critical: Collection[str] | None = None,
+    free: Collection[str] = (),
 ) -> float:
     """Predicted rate of these lengths over drafting nothing, minus 1: tokens per second, or with ``critical``
     the slowest critical request's progress per second (as ``best_draft_lengths`` and ``best_drain_lengths``)."""
@@ -307,7 +320,7 @@ def predicted_gain(
         return 1.0 + min((gained[rid] for rid in critical if rid in gained), default=0.0)
 
     rows = base_rows + sum(lengths.values())
-    drafted = worth(lengths) / cost.seconds(rows, max(lengths.values(), default=0))
+    drafted = worth(lengths) / cost.seconds(rows, _longest_proposed(lengths, free))
     return drafted / (worth({}) / cost.seconds(base_rows, 0)) - 1.0
 
 
@@ -411,8 +424,8 @@ class DraftLengthPolicy:
         source gives a request (K where a source is not named): a lookup may draft more than the model
         behind it, and a length the source cannot fill would be priced as rows never verified.
         ``free_drafts``: the drafts some requests would get at no model cost (their source's, as
-        ``sources`` names it); those left at 0 drafts have them checked against their output instead
-        (``record_output``).
+        ``sources`` names it); their drafts are priced as verify rows without a proposal, and those
+        left at 0 drafts have them checked against their output instead (``record_output``).
         """
         lengths = self._choose(
             req_ids,
@@ -421,6 +434,7 @@ class DraftLengthPolicy:
             draining=draining,
             sources=sources,
             limits=limits,
+            free=frozenset(free_drafts or ()),
         )
         if free_drafts:
             self._shadow(lengths, free_drafts, remaining, limits)
@@ -435,6 +449,7 @@ class DraftLengthPolicy:
         draining: bool,
         sources: Mapping[str, str] | None,
         limits: Mapping[str, int] | None,
+        free: frozenset[str],
     ) -> dict[str, int]:
         if draining and remaining is None:
             raise ValueError("a draining batch's critical requests are those with the most tokens left: pass remaining")
@@ -460,13 +475,15 @@ class DraftLengthPolicy:
         if draining and remaining is not None and req_ids:
             most = max(remaining[rid] for rid in req_ids)
             critical = {rid for rid in req_ids if remaining[rid] > most - k}
-            lengths = best_drain_lengths(gains, cost, base_rows=base_rows, critical=critical, margin=self.margin)
+            lengths = best_drain_lengths(
+                gains, cost, base_rows=base_rows, critical=critical, margin=self.margin, free=free
+            )
         else:
             lengths = best_draft_lengths(
-                gains, cost, base_rows=base_rows, num_sampling=len(req_ids), margin=self.margin
+                gains, cost, base_rows=base_rows, num_sampling=len(req_ids), margin=self.margin, free=free
             )
         if self._baseline_is_stale() and any(lengths.values()):
-            gain = predicted_gain(lengths, gains, cost, base_rows=base_rows, critical=critical)
+            gain = predicted_gain(lengths, gains, cost, base_rows=base_rows, critical=critical, free=free)
             if gain < BASELINE_WITHIN:
                 self._baseline_left = 1
                 return dict.fromkeys(req_ids, 0)

@@ -110,6 +110,8 @@ class _Committed:
     drafting: list[bool] = field(default_factory=list)
     max_drafts: list[int] = field(default_factory=list)
     """Each request's draft budget for the next step (0 where it does not draft)."""
+    free_requests: frozenset[str] = frozenset()
+    """Requests whose next drafts cost the drafter nothing (a prompt lookup's): no proposal is run for them."""
     finished: list[str] = field(default_factory=list)
     committed: dict[str, int] = field(default_factory=dict)
 
@@ -409,6 +411,7 @@ class Engine:
         limits = getattr(self.speculator, "draft_limits", None)  # a lookup may draft past the model behind it
         # Drafts that cost nothing (a lookup's): checked against the output of requests left at 0 drafts.
         free = getattr(self.speculator, "free_drafts", None) if sources is not None else None
+        free_drafts = free() if free is not None else None
         lengths = (
             self.draft_policy.choose(
                 ids,
@@ -417,11 +420,12 @@ class Engine:
                 draining=draining,
                 sources=sources,
                 limits=limits,
-                free_drafts=free() if free is not None else None,
+                free_drafts=free_drafts,
             )
             if ids
             else {}
         )
+        out.free_requests = frozenset(free_drafts or ())
         out.max_drafts = [
             lengths.get(it.request.req_id, 0) if d else 0 for it, d in zip(batch.items, out.drafting, strict=True)
         ]
@@ -488,7 +492,13 @@ class Engine:
             # Prefill steps and an idle DP rank's dummy step (no rows of its own) say nothing of a decode step's cost.
             prefill = any(len(it.query_tokens) != 1 + it.num_drafts for it in batch.items)
             if not prefill and batch.num_tokens:
-                self.draft_ctx.step_cost.observe(batch.num_tokens, max(commit.max_drafts, default=0), elapsed)
+                # The proposal's cost follows the drafts the drafter made; a lookup's drafts add only verify rows.
+                proposed = (
+                    n
+                    for it, n in zip(batch.items, commit.max_drafts, strict=True)
+                    if it.request.req_id not in commit.free_requests
+                )
+                self.draft_ctx.step_cost.observe(batch.num_tokens, max(proposed, default=0), elapsed)
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
         return StepResult(all_idle=False, emitted=by_id, finished=finished)
 

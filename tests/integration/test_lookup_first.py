@@ -347,3 +347,44 @@ def test_free_lookup_drafts_are_checked_against_the_output_where_nothing_is_draf
     pool = policy.acceptance_of("lookup")._pool
     assert pool.trials == trials and pool.accepted == accepted
     assert trials[0] == policy.shadow_outcomes > 5 and 0 < accepted[0] < trials[0] and trials[3] > 0
+
+
+def test_a_steps_cost_sample_counts_only_the_drafts_the_drafter_proposed(
+    target: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup's drafts run no proposal: the step-cost fit is given the longest draft the wrapped drafter made
+    (0 on a step where only lookups drafted), not the longest draft verified next."""
+    spec = create("dflash", target, num_spec_tokens=3, lookup=2, lookup_drafts=6)
+    assert isinstance(spec, LookupFirst)
+    proposed: list[int] = []
+    inner_propose = spec.inner.propose
+
+    def propose_inner(step: TargetStep, ctx: DraftContext) -> Proposal:
+        proposal = inner_propose(step, ctx)
+        proposed.append(max(proposal.num_drafts, default=0))
+        return proposal
+
+    monkeypatch.setattr(spec.inner, "propose", propose_inner)
+    policy = DraftLengthPolicy(spec.num_spec_tokens, cost=DRAFTS_PAY)
+    with enforce("full"):
+        engine = Engine(target, ADAPTIVE, speculator=spec, draft_policy=policy)
+        assert engine.draft_ctx is not None
+        samples: list[tuple[int, int, int]] = []
+        observe = engine.draft_ctx.step_cost.observe
+        looked_up = [0]
+
+        def record(rows: int, max_draft: int, seconds: float) -> None:
+            samples.append((max_draft, proposed[-1] if proposed else 0, spec.looked_up - looked_up[0]))
+            looked_up[0] = spec.looked_up
+            observe(rows, max_draft, seconds)
+
+        monkeypatch.setattr(engine.draft_ctx.step_cost, "observe", record)
+        reqs = [engine.add_request(f"q{i}", p, max_tokens=40) for i, p in enumerate(PROMPTS)]
+        while engine.has_work:
+            proposed.clear()
+            engine.step()
+        assert [list(r.output) for r in reqs] == run(Engine(target, CONFIG))
+    assert all(sampled == made for sampled, made, _ in samples)
+    lookup_only = sum(1 for _, made, looked in samples if looked and not made)
+    model = sum(1 for _, made, _ in samples if made)
+    assert lookup_only > 0 and model > 0, (lookup_only, model)

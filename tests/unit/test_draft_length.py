@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Collection
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from specdec.draft_length import (
     best_drain_lengths,
     predicted_gain,
 )
+from specdec.shadow_drafts import FreeDraft
 from specdec.step_cost import StepCost, StepCostModel, bend_candidates
 
 TRUE = StepCost(base=0.020, per_row=0.0015, per_proposal=0.004, per_draft=0.002)
@@ -270,9 +272,15 @@ def test_drafting_must_beat_plain_decoding_by_the_margin() -> None:
         DraftLengthPolicy(1, margin=-0.1)
 
 
-def _rate(lengths: dict[str, int], gains: dict[str, list[float]], cost: StepCost, n: int) -> float:
+def _longest_proposed(lengths: dict[str, int], free: Collection[str]) -> int:
+    return max((k for r, k in lengths.items() if r not in free), default=0)
+
+
+def _rate(
+    lengths: dict[str, int], gains: dict[str, list[float]], cost: StepCost, n: int, free: Collection[str] = ()
+) -> float:
     tokens = n + sum(sum(gains[r][:k]) for r, k in lengths.items())
-    return tokens / cost.seconds(n + sum(lengths.values()), max(lengths.values(), default=0))
+    return tokens / cost.seconds(n + sum(lengths.values()), _longest_proposed(lengths, free))
 
 
 @st.composite
@@ -297,17 +305,21 @@ def batches(draw: st.DrawFn) -> tuple[dict[str, list[float]], StepCost]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(batches())
-def test_the_chosen_lengths_are_the_best_of_every_combination(case: tuple[dict[str, list[float]], StepCost]) -> None:
+@given(batches(), st.data())
+def test_the_chosen_lengths_are_the_best_of_every_combination(
+    case: tuple[dict[str, list[float]], StepCost], data: st.DataObject
+) -> None:
+    """Also where some requests' drafts are free (a lookup's: verify rows, no proposal)."""
     gains, cost = case
+    free = data.draw(st.sets(st.sampled_from(sorted(gains))))
     n = len(gains)
-    chosen = best_draft_lengths(gains, cost, base_rows=n, num_sampling=n)
+    chosen = best_draft_lengths(gains, cost, base_rows=n, num_sampling=n, free=free)
     k = len(next(iter(gains.values())))
     best = max(
-        _rate(dict(zip(gains, combo, strict=True)), gains, cost, n)
+        _rate(dict(zip(gains, combo, strict=True)), gains, cost, n, free)
         for combo in itertools.product(range(k + 1), repeat=n)
     )
-    assert _rate(chosen, gains, cost, n) == pytest.approx(best, rel=1e-8)  # ties within the choice's own 1e-9
+    assert _rate(chosen, gains, cost, n, free) == pytest.approx(best, rel=1e-8)  # ties within the choice's own 1e-9
 
 
 def test_a_row_cost_that_flattens_can_make_later_drafts_pay_again() -> None:
@@ -460,9 +472,15 @@ def test_calibrated_gains_stay_chances() -> None:
         calibration.record(expected=-1.0, realized=0)
 
 
-def _drain_rate(lengths: dict[str, int], gains: dict[str, list[float]], critical: set[str], cost: StepCost) -> float:
+def _drain_rate(
+    lengths: dict[str, int],
+    gains: dict[str, list[float]],
+    critical: set[str],
+    cost: StepCost,
+    free: Collection[str] = (),
+) -> float:
     progress = 1.0 + min(sum(gains[r][: lengths[r]]) for r in critical)
-    return progress / cost.seconds(len(gains) + sum(lengths.values()), max(lengths.values(), default=0))
+    return progress / cost.seconds(len(gains) + sum(lengths.values()), _longest_proposed(lengths, free))
 
 
 @settings(max_examples=300, deadline=None)
@@ -472,14 +490,15 @@ def test_the_drain_lengths_are_the_best_of_every_combination(
 ) -> None:
     gains, cost = case
     critical = data.draw(st.sets(st.sampled_from(sorted(gains)), min_size=1))
-    chosen = best_drain_lengths(gains, cost, base_rows=len(gains), critical=critical)
+    free = data.draw(st.sets(st.sampled_from(sorted(gains))))
+    chosen = best_drain_lengths(gains, cost, base_rows=len(gains), critical=critical, free=free)
     assert all(chosen[r] == 0 for r in gains if r not in critical)  # drafts outside the critical set buy nothing
     k = len(next(iter(gains.values())))
     best = max(
-        _drain_rate(dict(zip(gains, combo, strict=True)), gains, critical, cost)
+        _drain_rate(dict(zip(gains, combo, strict=True)), gains, critical, cost, free)
         for combo in itertools.product(range(k + 1), repeat=len(gains))
     )
-    assert _drain_rate(chosen, gains, critical, cost) == pytest.approx(best, rel=1e-8)
+    assert _drain_rate(chosen, gains, critical, cost, free) == pytest.approx(best, rel=1e-8)
 
 
 def test_the_drain_search_finds_drafts_that_pay_only_past_the_first() -> None:
@@ -547,6 +566,29 @@ def test_the_predicted_gain_is_the_rate_the_choice_maximised() -> None:
     assert predicted_gain({"a": 1}, gains, cost, base_rows=2) == pytest.approx(2.5 / 0.023 / (2 / 0.022) - 1)
     drain = predicted_gain({"a": 1, "b": 1}, gains, cost, base_rows=2, critical={"b"})
     assert drain == pytest.approx(1.1 / 0.024 / (1 / 0.022) - 1)
+    # A 10 ms proposal, paid for "a"'s drafts and not for a free (lookup) one's.
+    proposing = StepCost(base=0.02, per_row=0.001, per_proposal=0.01, per_draft=0.0)
+    assert predicted_gain({"a": 1}, gains, proposing, base_rows=2) == pytest.approx(2.5 / 0.033 / (2 / 0.022) - 1)
+    free = predicted_gain({"a": 1}, gains, proposing, base_rows=2, free={"a"})
+    assert free == pytest.approx(2.5 / 0.023 / (2 / 0.022) - 1)
+
+
+def test_a_free_draft_is_priced_without_the_proposal() -> None:
+    """A lookup's drafts cost their verify rows only: with a proposal that costs three plain steps, a request
+    whose next drafts are a lookup's (``free_drafts``) drafts, and the same request without them does not."""
+    costly = StepCost(base=0.02, per_row=0.0005, per_proposal=0.06, per_draft=0.0)
+    policy = DraftLengthPolicy(4, cost=costly)
+    for _ in range(40):
+        policy.acceptance_of("lookup").record("old", 4, 3)  # the lookup's drafts: most accepted
+    sources, draft = {"a": "lookup"}, FreeDraft(10, (1, 2, 3, 4))
+    assert policy.choose(["a"], base_rows=1, sources=sources)["a"] == 0
+    assert (
+        policy.choose(["a"], base_rows=1, sources=sources, free_drafts={"a": draft})["a"] == 3
+    )  # the 4th: never accepted
+    draining = policy.choose(
+        ["a"], base_rows=1, sources=sources, free_drafts={"a": draft}, remaining={"a": 40}, draining=True
+    )
+    assert draining["a"] == 3
 
 
 def test_each_draft_source_has_its_own_acceptance_rates() -> None:
