@@ -112,7 +112,8 @@ def test_a_lookup_never_drafts_past_the_budget(target: Transformer) -> None:
     """Under budgets of 1 (probes: no draft pays here), every lookup row drafts at most 1."""
     spec = create("eagle", target, num_spec_tokens=3, lookup=1)
     assert isinstance(spec, LookupFirst)
-    cheap_one = StepCost(base=0.02, per_row=0.0005, per_proposal=0.001, per_draft=0.05)  # a second draft never pays
+    # A verify row costs more than a token is worth, so no draft pays, not even a lookup's, which costs rows only.
+    cheap_one = StepCost(base=0.02, per_row=0.05, per_proposal=0.001, per_draft=0.05)
     with enforce("full"):
         # Probes at probe_every whatever they cost (probe_share 1): they are what drafts here.
         policy = DraftLengthPolicy(3, cost=cheap_one, probe_share=1.0)
