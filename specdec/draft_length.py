@@ -287,7 +287,7 @@ def best_drain_lengths(
                 break
             lengths[rid] = shortest + 1
         else:
-            seconds = cost.seconds(base_rows + sum(lengths.values()), _longest_proposed(lengths, free))
+            seconds = cost.seconds(base_rows + sum(lengths.values()), longest_proposed(lengths, free))
             if prune and most / seconds <= best_rate * (1.0 + 1e-9):
                 break
             rate = (1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())) / seconds
@@ -296,8 +296,10 @@ def best_drain_lengths(
     return best
 
 
-def _longest_proposed(lengths: Mapping[str, int], free: Collection[str]) -> int:
-    """The longest draft the drafter proposes: a free source's drafts (a lookup's) run no proposal."""
+def longest_proposed(lengths: Mapping[str, int], free: Collection[str]) -> int:
+    """The longest draft the drafter proposes: a free source's drafts (a lookup's) run no proposal.
+
+    The step cost's ``max_draft``, both where the policy prices a choice and where the engine records a step."""
     return max((n for rid, n in lengths.items() if rid not in free), default=0)
 
 
@@ -320,7 +322,7 @@ def predicted_gain(
         return 1.0 + min((gained[rid] for rid in critical if rid in gained), default=0.0)
 
     rows = base_rows + sum(lengths.values())
-    drafted = worth(lengths) / cost.seconds(rows, _longest_proposed(lengths, free))
+    drafted = worth(lengths) / cost.seconds(rows, longest_proposed(lengths, free))
     return drafted / (worth({}) / cost.seconds(base_rows, 0)) - 1.0
 
 

@@ -30,7 +30,7 @@ from specdec.attn_metadata import ScheduledRequest, build_positions, build_targe
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
-from specdec.draft_length import DraftLengthPolicy
+from specdec.draft_length import DraftLengthPolicy, longest_proposed
 from specdec.kv_cache import KVCacheManager
 from specdec.metrics import RunMetrics
 from specdec.nn.transformer import ModelOutput, Transformer
@@ -493,12 +493,9 @@ class Engine:
             prefill = any(len(it.query_tokens) != 1 + it.num_drafts for it in batch.items)
             if not prefill and batch.num_tokens:
                 # The proposal's cost follows the drafts the drafter made; a lookup's drafts add only verify rows.
-                proposed = (
-                    n
-                    for it, n in zip(batch.items, commit.max_drafts, strict=True)
-                    if it.request.req_id not in commit.free_requests
-                )
-                self.draft_ctx.step_cost.observe(batch.num_tokens, max(proposed, default=0), elapsed)
+                budgets = {it.request.req_id: n for it, n in zip(batch.items, commit.max_drafts, strict=True)}
+                longest = longest_proposed(budgets, commit.free_requests)
+                self.draft_ctx.step_cost.observe(batch.num_tokens, longest, elapsed)
         by_id = {batch.items[r].request.req_id: e for r, e in emitted.items()}
         return StepResult(all_idle=False, emitted=by_id, finished=finished)
 

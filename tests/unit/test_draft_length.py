@@ -582,9 +582,8 @@ def test_a_free_draft_is_priced_without_the_proposal() -> None:
         policy.acceptance_of("lookup").record("old", 4, 3)  # the lookup's drafts: most accepted
     sources, draft = {"a": "lookup"}, FreeDraft(10, (1, 2, 3, 4))
     assert policy.choose(["a"], base_rows=1, sources=sources)["a"] == 0
-    assert (
-        policy.choose(["a"], base_rows=1, sources=sources, free_drafts={"a": draft})["a"] == 3
-    )  # the 4th: never accepted
+    # 3, not 4: the fourth draft was never accepted.
+    assert policy.choose(["a"], base_rows=1, sources=sources, free_drafts={"a": draft})["a"] == 3
     draining = policy.choose(
         ["a"], base_rows=1, sources=sources, free_drafts={"a": draft}, remaining={"a": 40}, draining=True
     )
