@@ -47,6 +47,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specdec.draft_decisions import BASELINE, CALIBRATING, decision_symbol
 from specdec.shadow_drafts import FreeDraft, ShadowDrafts, ShadowOutcome
 from specdec.step_cost import StepCost, StepCostModel
 
@@ -385,6 +386,8 @@ class DraftLengthPolicy:
         self.probe_backoff = probe_backoff
         self.probe_share = probe_share
         self.decisions = 0
+        self.last_decision = ""
+        """The latest decision as one character (``specdec.draft_decisions``): what a run's trace records."""
         self._idle: dict[str, int] = {}
         """Consecutive decisions at 0 drafts, per request: at its probe wait it drafts one token."""
         self._probe_wait: dict[str, int] = {}
@@ -463,9 +466,11 @@ class DraftLengthPolicy:
         if cost is None or (self.known_cost is None and self.decisions <= len(CALIBRATION)):
             share = CALIBRATION[(self.decisions - 1) % len(CALIBRATION)]
             length = min(k, int(-(-share * k // 1)))
+            self.last_decision = CALIBRATING
             return {rid: min(length, (limits or {}).get(self._source[rid], k)) for rid in req_ids}
         if self._baseline_left:
             self._baseline_left -= 1
+            self.last_decision = BASELINE
             return dict.fromkeys(req_ids, 0)  # not an idle spell of any request: no probe waits move
         raw = {rid: self.acceptance_of(self._source[rid]).gains(rid) for rid in req_ids}
         if limits:
@@ -488,8 +493,10 @@ class DraftLengthPolicy:
             gain = predicted_gain(lengths, gains, cost, base_rows=base_rows, critical=critical, free=free)
             if gain < BASELINE_WITHIN:
                 self._baseline_left = 1
+                self.last_decision = BASELINE
                 return dict.fromkeys(req_ids, 0)
         probe_floor = self._priced_probe_wait(cost, base_rows, len(req_ids))
+        probes = []
         for rid in req_ids:
             if lengths[rid]:
                 self._idle[rid] = 0
@@ -505,9 +512,11 @@ class DraftLengthPolicy:
                 if idle >= max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor):
                     lengths[rid], self._idle[rid] = 1, 0
                     self._probing.add(rid)
+                    probes.append(rid)
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
         self._pool_idle = 0 if any(lengths.values()) else self._pool_idle + 1
+        self.last_decision = decision_symbol(lengths, free=free, probes=probes)
         return lengths
 
     def _shadow(

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from specdec.bench.options import DEFAULT_BACKENDS
+from specdec.draft_decisions import NO_DRAFTS
 from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
 from specdec.shadow_drafts import FreeDraft
@@ -57,6 +58,7 @@ class DraftNothing(DraftLengthPolicy):
     ) -> dict[str, int]:
         del base_rows, remaining, draining, sources, limits, free_drafts
         self.decisions += 1
+        self.last_decision = NO_DRAFTS
         return dict.fromkeys(req_ids, 0)
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from specdec.bench.runner import PLAIN, RunRecord, pair_ratios
+from specdec.draft_decisions import KINDS, count_decisions
 from specdec.metrics import SpeculationCounters
 
 HEADLINE_SUITE = "humaneval"
@@ -52,6 +53,8 @@ class Summary:
     acceptance_by_position: list[float]
     speedup: Spread | None
     """Tokens/s over plain decoding's in the same round; the median is the headline figure."""
+    decisions: dict[str, int] | None = None
+    """The adaptive policy's decisions over these runs, by kind (``draft_decisions.KINDS``); ``None`` without one."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +76,7 @@ def summarize(records: Iterable[RunRecord], baseline: str = PLAIN) -> list[Summa
         speculation = SpeculationCounters()
         for r in rs:
             speculation.add(r.speculation)
+        trace = "".join(r.decisions for r in rs)
         out.append(
             Summary(
                 suite=suite,
@@ -86,6 +90,7 @@ def summarize(records: Iterable[RunRecord], baseline: str = PLAIN) -> list[Summa
                 tau=speculation.acceptance_length if speculation.verify_steps else None,
                 acceptance_by_position=speculation.acceptance_rate_by_position,
                 speedup=Spread.of(ratios[(suite, size, temp)].get(runner, [])),
+                decisions=count_decisions(trace) if trace else None,
             )
         )
     return out
@@ -226,6 +231,27 @@ def _k_phrase(cfg: dict[str, Any]) -> str:
     return f"K = {k}" + (f" for the drafters, up to {max(longer)} for a prompt-lookup match" if longer else "")
 
 
+def _decision_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What the adaptive policy chose in each cell: the kinds of its decisions (one per step that could draft)."""
+    adaptive = [s for s in rows if s.get("decisions")]
+    if not adaptive:
+        return []
+    return [
+        "",
+        "Adaptive draft-length decisions (one per step in which a request could draft): `proposed` drafted from "
+        "the drafter, `free` only a prompt lookup's drafts, `probe` only probes, `none` nothing, `baseline` nothing "
+        "to re-measure plain decoding's step, `calibrating` the first steps' fixed lengths.",
+        "",
+        *_table(
+            ["batch", "T", "runner", *KINDS],
+            (
+                [str(s["batch_size"]), f"{s['temperature']:g}", s["runner"], *(str(s["decisions"][k]) for k in KINDS)]
+                for s in adaptive
+            ),
+        ),
+    ]
+
+
 def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
     """The report as markdown: targets, per-suite tables, losslessness, the peer, contract modes, plots."""
     cfg = report["config"]
@@ -280,6 +306,7 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
                 for s in rows
             ),
         )
+        lines += _decision_table(rows)
     lines += ["", "### Losslessness (greedy)", ""]
     lossless = report.get("lossless", {})
     if lossless:

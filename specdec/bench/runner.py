@@ -79,6 +79,9 @@ class RunRecord:
     wall_s: float
     steps: int = 0
     speculation: SpeculationCounters = field(default_factory=SpeculationCounters)
+    decisions: str = ""
+    """The adaptive draft-length policy's decisions in this run, one character each (``specdec.draft_decisions``);
+    empty without a policy (plain decoding, fixed draft length, the peer)."""
 
     @property
     def tokens(self) -> int:
@@ -107,6 +110,7 @@ class RunRecord:
             "tokens_per_s": self.tokens_per_s,
             "steps": self.steps,
             **self.speculation.counts(),
+            "decisions": self.decisions,
             "outputs": self.outputs,
         }
 
@@ -195,10 +199,16 @@ class EngineRunner:
             )
             for i, prompt in enumerate(batch.prompts)
         ]
+        decisions: list[str] = []
+        seen = policy.decisions if policy is not None else 0
         with torch.inference_mode():
             start = time.perf_counter()
             while engine.has_work:
                 engine.step()
+                # A step decides at most once (none where no request may draft): read it without timing it apart.
+                if policy is not None and policy.decisions != seen:
+                    seen = policy.decisions
+                    decisions.append(policy.last_decision)
             wall = time.perf_counter() - start
         m = engine.metrics
         return RunRecord(
@@ -213,6 +223,7 @@ class EngineRunner:
             wall_s=wall,
             steps=m.steps,
             speculation=m.snapshot(),
+            decisions="".join(decisions),
         )
 
 

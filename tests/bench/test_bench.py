@@ -293,6 +293,17 @@ def test_tiny_bench_is_lossless_and_summarizes_every_runner(tiny_report: dict[st
             assert len(s["acceptance_by_position"]) == 4
     for run in report["runs"]:
         assert all(len(o) <= 5 for o in run["outputs"])
+        # The adaptive policy decides once per step in which a request could draft: at most once per step.
+        assert (run["decisions"] == "") == (run["runner"] == PLAIN) and len(run["decisions"]) <= run["steps"]
+    for s in report["summaries"]:
+        traces = [
+            r["decisions"]
+            for r in report["runs"]
+            if (r["suite"], r["batch_size"], r["temperature"], r["runner"])
+            == (s["suite"], s["batch_size"], s["temperature"], s["runner"])
+        ]
+        assert (s["decisions"] is None) == (s["runner"] == PLAIN)
+        assert s["decisions"] is None or sum(s["decisions"].values()) == sum(map(len, traces))
         if run["runner"] != PLAIN and run["runner"] in ("eagle", "dflash", "dspark"):
             # every token after a request's first comes from a verify step, and tau counts exactly those
             assert run["emitted_in_verify"] == run["tokens"] - len(run["outputs"])
@@ -317,7 +328,12 @@ def test_report_renders_and_writes_plots_and_docs(tiny_report: dict[str, object]
         assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "out" / "bench.md").read_text()
     assert md.startswith(f"Command: `{report['command']}`")
-    assert "| 1 | 0 | eagle |" in md and "### Losslessness" in md and "![speedup.png](./speedup.png)" in md
+    assert (
+        "| 1 | 0 | eagle |" in md
+        and "### Losslessness" in md
+        and "Adaptive draft-length decisions" in md
+        and "![speedup.png](./speedup.png)" in md
+    )
     assert render_markdown(json.loads((tmp_path / "out" / "bench.json").read_text())) == md
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Bench\nkept\n{DOCS_BEGIN}\nstale figures\n{DOCS_END}\ntail\n")
@@ -497,3 +513,26 @@ def test_warm_up_leaves_every_adaptive_policy_past_its_calibration() -> None:
     assert set(runner.policies) == {(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)}
     assert all(p.decisions > len(CALIBRATION) for p in runner.policies.values())
     assert all(p.cost.fitted is not None for p in runner.policies.values())
+
+
+def test_a_runs_decisions_are_the_policys_decisions_in_that_run() -> None:
+    """Each decision the policy made during the run, one character each, none from before it."""
+    from specdec.backend_registry import create
+    from specdec.draft_length import CALIBRATION
+
+    target, workload = tiny()
+    runner = EngineRunner(
+        "dflash", target, lambda: create("dflash", target, num_spec_tokens=3), draft_length="adaptive"
+    )
+    spec = RunSpec.equal_work(0.0, 12, (), 0)
+    seen = []
+    with contracts.enforce("off"):
+        for repeat in range(3):
+            before = runner.policies[(2, 0.0)].decisions if runner.policies else 0
+            record = runner.run(workload.groups[0], spec, repeat)
+            policy = runner.policies[(2, 0.0)]
+            seen.append(record.decisions)
+            assert len(record.decisions) == policy.decisions - before
+            assert record.decisions[-1] == policy.last_decision
+    trace = "".join(seen)  # the policy carries over from run to run: it calibrates once, at its start
+    assert trace.startswith("c" * len(CALIBRATION)) and trace.count("c") == len(CALIBRATION)
