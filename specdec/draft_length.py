@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -118,6 +119,8 @@ class AcceptanceRates:
     """How many of a request's own trials weigh as much as the pool's estimate."""
     _pool: _Counts = field(init=False)
     _requests: dict[str, _Counts] = field(init=False, default_factory=dict)
+    _pool_rates: tuple[float, ...] | None = field(init=False, default=None, repr=False, compare=False)
+    """``pooled()`` as of the last outcome: read for every request of every decision, changed only by ``record``."""
 
     def __post_init__(self) -> None:
         self._pool = _Counts.empty(self.num_spec_tokens)
@@ -130,6 +133,7 @@ class AcceptanceRates:
         if num_drafts == 0:
             return
         self._pool.add(num_drafts, num_accepted, self.pool_decay)
+        self._pool_rates = None
         self._requests.setdefault(req_id, _Counts.empty(self.num_spec_tokens)).add(num_drafts, num_accepted)
 
     def forget(self, req_id: str) -> None:
@@ -142,24 +146,27 @@ class AcceptanceRates:
 
     def pooled(self) -> list[float]:
         """Pooled rate per position, with one prior success and one failure (0.5 where nothing was seen)."""
-        p = self._pool
-        return [(a + 1.0) / (t + 2.0) for a, t in zip(p.accepted, p.trials, strict=True)]
+        return list(self._pooled())
+
+    def _pooled(self) -> tuple[float, ...]:
+        if self._pool_rates is None:
+            p = self._pool
+            self._pool_rates = tuple((a + 1.0) / (t + 2.0) for a, t in zip(p.accepted, p.trials, strict=True))
+        return self._pool_rates
 
     def rates(self, req_id: str) -> list[float]:
-        pool = self.pooled()
+        pool = self._pooled()
         own = self._requests.get(req_id)
         if own is None:
-            return pool
+            return list(pool)
         w = self.request_weight
         return [(a + w * q) / (t + w) for a, t, q in zip(own.accepted, own.trials, pool, strict=True)]
 
-    def gains(self, req_id: str) -> list[float]:
-        """Expected extra output tokens from draft j: the chance it and every draft before it are accepted."""
-        out, survive = [], 1.0
-        for a in self.rates(req_id):
-            survive *= a
-            out.append(survive)
-        return out
+    def gains(self, req_id: str, limit: int | None = None) -> list[float]:
+        """Expected extra output tokens from draft j (the first ``limit``): the chance it and every draft before it
+        are accepted."""
+        rates = self.rates(req_id)
+        return list(itertools.accumulate(rates[:limit] if limit is not None else rates, operator.mul))
 
 
 @dataclass
@@ -192,7 +199,7 @@ class ForecastCalibration:
     def apply(self, gains: Sequence[float]) -> list[float]:
         """The gains scaled by the factor; none above 1, so they stay chances and stay non-increasing."""
         f = self.factor
-        return [min(1.0, g * f) for g in gains]
+        return [g * f if g * f < 1.0 else 1.0 for g in gains]
 
 
 def best_draft_lengths(
@@ -225,6 +232,9 @@ def best_draft_lengths(
     )
     convex = all(extra >= 0.0 for _, extra in cost.bends)
     longest_proposable = max((len(g) for rid, g in gains.items() if rid not in free), default=0)
+    # cost.seconds(rows, longest), in the same order of additions, from parts each computed once.
+    rows_part = [cost.rows_part(base_rows)]
+    proposal_part = [(cost.per_proposal if n else 0.0, cost.per_draft * n) for n in range(longest_proposable + 1)]
     for m in range(0 if any(rid in free for rid in gains) else 1, longest_proposable + 1):
         tokens, rows, lengths, longest = float(num_sampling), base_rows, dict.fromkeys(gains, 0), 0
         rate = tokens / cost.seconds(rows, longest)
@@ -236,9 +246,12 @@ def best_draft_lengths(
             tokens += gain
             rows += 1
             lengths[rid] = length
-            if proposed:
-                longest = max(longest, length)
-            before, rate = rate, tokens / cost.seconds(rows, longest)
+            if proposed and length > longest:
+                longest = length
+            if rows - base_rows == len(rows_part):
+                rows_part.append(cost.rows_part(rows))
+            proposal, drafts = proposal_part[longest]
+            before, rate = rate, tokens / (rows_part[rows - base_rows] + proposal + drafts)
             if rate > best_rate * (1.0 + 1e-9):
                 best_rate, best = rate, dict(lengths)
             elif settled and convex and rate < before:
@@ -280,20 +293,34 @@ def best_drain_lengths(
     # level can. Where drafting does not pay that ends the search at its first levels.
     most = 1.0 + min(max(cum) for cum in reach.values())
     prune = cost.monotone
+    # Each critical request's shortest length only grows with the level: one pointer per request walks its prefix
+    # sums once over all levels. A level one of them cannot reach, no higher level reaches either.
+    walk = [(cum, rid in free) for rid, cum in reach.items()]
+    shortest = [0] * len(walk)
+    rows = base_rows + len(walk)  # every critical request drafts at least one
+    longest = 0 if all(is_free for _, is_free in walk) else 1
     for level in sorted({c for cum in reach.values() for c in cum}):
-        lengths = dict.fromkeys(gains, 0)
-        for rid, cum in reach.items():
-            shortest = next((j for j, c in enumerate(cum) if c >= level), None)
-            if shortest is None:
-                break
-            lengths[rid] = shortest + 1
-        else:
-            seconds = cost.seconds(base_rows + sum(lengths.values()), longest_proposed(lengths, free))
-            if prune and most / seconds <= best_rate * (1.0 + 1e-9):
-                break
-            rate = (1.0 + min(cum[lengths[rid] - 1] for rid, cum in reach.items())) / seconds
-            if rate > best_rate * (1.0 + 1e-9):
-                best_rate, best = rate, lengths
+        progress = math.inf
+        for i, (cum, is_free) in enumerate(walk):
+            j = shortest[i]
+            while j < len(cum) and cum[j] < level:
+                j += 1
+            if j == len(cum):
+                return best
+            if j != shortest[i]:
+                rows += j - shortest[i]
+                shortest[i] = j
+                if not is_free and j >= longest:
+                    longest = j + 1
+            progress = min(progress, cum[j])
+        seconds = cost.seconds(rows, longest)
+        if prune and most / seconds <= best_rate * (1.0 + 1e-9):
+            break
+        rate = (1.0 + progress) / seconds
+        if rate > best_rate * (1.0 + 1e-9):
+            best_rate = rate
+            best = dict.fromkeys(gains, 0)
+            best.update((rid, j + 1) for rid, j in zip(reach, shortest, strict=True))
     return best
 
 
@@ -472,11 +499,13 @@ class DraftLengthPolicy:
             self._baseline_left -= 1
             self.last_decision = BASELINE
             return dict.fromkeys(req_ids, 0)  # not an idle spell of any request: no probe waits move
-        raw = {rid: self.acceptance_of(self._source[rid]).gains(rid) for rid in req_ids}
-        if limits:
-            raw = {rid: g[: limits.get(self._source[rid], k)] for rid, g in raw.items()}
-        if remaining is not None:
-            raw = {rid: g[: max(0, remaining[rid] - 1)] for rid, g in raw.items()}
+        raw: dict[str, list[float]] = {}
+        for rid in req_ids:
+            source = self._source[rid]
+            cap = k if limits is None else limits.get(source, k)  # drafts past a source's limit are never made
+            if remaining is not None:
+                cap = min(cap, max(0, remaining[rid] - 1))  # nor past the last token the request may emit
+            raw[rid] = self.acceptance_of(source).gains(rid, cap)
         gains = {rid: self.forecast.apply(g) for rid, g in raw.items()}
         critical: set[str] | None = None
         if draining and remaining is not None and req_ids:

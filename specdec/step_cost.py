@@ -84,10 +84,13 @@ class StepCost:
     def row_seconds(self, rows: int) -> float:
         return self.per_row * rows + sum(extra * max(0, rows - knee) for knee, extra in self.bends)
 
+    def rows_part(self, rows: int) -> float:
+        """The part of ``seconds`` that depends on the rows alone (``base`` included): a search over many
+        candidate steps computes it once per row count."""
+        return self.base + self.row_seconds(rows)
+
     def seconds(self, rows: int, max_draft: int) -> float:
-        return (
-            self.base + self.row_seconds(rows) + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
-        )
+        return self.rows_part(rows) + (self.per_proposal if max_draft else 0.0) + self.per_draft * max_draft
 
     def scaled(self, factor: float) -> StepCost:
         """Every step ``factor`` times as dear: the same machine, busier or idler."""

@@ -93,6 +93,8 @@ class PhaseTimes:
     wall: float = 0.0
     target: float = 0.0
     propose: float = 0.0
+    decide: float = 0.0
+    """In the draft-length policy's choice (``adaptive``, ``idle``): a host cost every step pays, drafting or not."""
     tokens: int = 0
     prefill_steps: int = 0
     prefill_wall: float = 0.0
@@ -100,7 +102,7 @@ class PhaseTimes:
 
     @property
     def rest(self) -> float:
-        return self.wall - self.target - self.propose
+        return self.wall - self.target - self.propose - self.decide
 
     @property
     def total_wall(self) -> float:
@@ -187,6 +189,8 @@ def run_phases(
     own = "forward" in vars(target)
     forward = target.forward
     target.forward = timed(forward, times, "target")
+    if policy is not None:
+        policy.choose = timed(policy.choose, times, "decide")  # type: ignore[method-assign]
     try:
         for first in range(0, len(prompts), batch_size):
             batch = prompts[first : first + batch_size]
@@ -210,12 +214,12 @@ def run_phases(
             with torch.inference_mode():
                 while engine.has_work:
                     prefill = any(r.in_prefill for r in requests if r.finish_reason is None)
-                    before = (times.target, times.propose)
+                    before = (times.target, times.propose, times.decide)
                     start = time.perf_counter()
                     engine.step()
                     took = time.perf_counter() - start
                     if prefill:  # counted whole, apart from the decode steps' phases
-                        times.target, times.propose = before
+                        times.target, times.propose, times.decide = before
                         times.prefill_wall += took
                         times.prefill_steps += 1
                     else:
@@ -228,6 +232,8 @@ def run_phases(
             target.forward = forward
         else:
             del target.forward  # the class's forward again
+        if policy is not None:
+            del policy.choose  # the class's choose again, for the next run to time afresh
     return times
 
 
@@ -236,20 +242,21 @@ def report(runners: Sequence[RunnerPhases]) -> str:
     plain = next(r for r in runners if r.name == PLAIN)
     base = plain.per_step_ms("wall")
     lines = [
-        "| runner | ms per step | target forward | proposal | engine rest | drafts per step | tau | prefill ms "
-        "| tokens/s | vs plain | break-even tau |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| runner | ms per step | target forward | proposal | decision | engine rest | drafts per step | tau "
+        "| prefill ms | tokens/s | vs plain | break-even tau |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runners:
         wall = r.per_step_ms("wall")
         if r.name == PLAIN:
-            propose = drafts = tau = even = "-"
+            propose = decide = drafts = tau = even = "-"
         else:
             propose, drafts = f"{r.per_step_ms('propose'):.1f}", f"{r.drafts_per_step:.2f}"
+            decide = f"{r.per_step_ms('decide'):.2f}"
             tau = f"{r.speculation.acceptance_length:.2f}" if r.speculation.drafted else "-"
             even = f"{wall / base:.2f}"
         lines.append(
-            f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {propose} | {r.per_step_ms('rest'):.1f} "
+            f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {propose} | {decide} | {r.per_step_ms('rest'):.1f} "
             f"| {drafts} | {tau} | {r.prefill_ms:.1f} | {r.tokens_per_s:.1f} | {r.speedup_over(plain):.3f} | {even} |"
         )
     return "\n".join(lines)
