@@ -3,8 +3,9 @@
 ``specdec bench`` says how fast each backend is; this says why. Every engine
 step's wall time is split into the target's forward (a decode row for plain
 decoding, K + 1 verify rows for a backend), the drafter's proposal (or, on a
-step where nobody drafts, its ``take_context``) and the rest of the engine
-(scheduling, verification, bookkeeping). Rounds alternate the runner order
+step where nobody drafts, its ``take_context``), the draft-length policy's
+decision (``adaptive`` and ``idle``: it runs on every step) and the rest of the
+engine (scheduling, verification, bookkeeping). Rounds alternate the runner order
 like the bench. The break-even tau of a backend is its step time over plain
 decoding's: a drafter below it makes decoding slower.
 
