@@ -335,6 +335,14 @@ def test_report_renders_and_writes_plots_and_docs(tiny_report: dict[str, object]
         and "![speedup.png](./speedup.png)" in md
     )
     assert render_markdown(json.loads((tmp_path / "out" / "bench.json").read_text())) == md
+    # A report saved before runs recorded their decisions renders as it did: the same tables, no decision table.
+    older = json.loads(json.dumps(report))
+    for s in older["summaries"]:
+        del s["decisions"]
+    for run in older["runs"]:
+        del run["decisions"]
+    assert "Adaptive draft-length decisions" not in render_markdown(older)
+    assert render_markdown(older).split("\n")[:8] == md.split("\n")[:8]
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Bench\nkept\n{DOCS_BEGIN}\nstale figures\n{DOCS_END}\ntail\n")
     write_docs(report, tmp_path / "out", doc)
