@@ -190,6 +190,8 @@ def run_phases(
     own = "forward" in vars(target)
     forward = target.forward
     target.forward = timed(forward, times, "target")
+    choose = policy.choose if policy is not None else None
+    own_choose = policy is not None and "choose" in vars(policy)
     if policy is not None:
         policy.choose = timed(policy.choose, times, "decide")  # type: ignore[method-assign]
     try:
@@ -233,7 +235,9 @@ def run_phases(
             target.forward = forward
         else:
             del target.forward  # the class's forward again
-        if policy is not None:
+        if own_choose:
+            policy.choose = choose  # type: ignore[method-assign,union-attr]
+        elif policy is not None:
             del policy.choose  # the class's choose again, for the next run to time afresh
     return times
 

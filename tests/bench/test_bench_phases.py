@@ -94,6 +94,17 @@ def test_draft_lengths_idle_drafts_nothing_and_adaptive_learns_across_runs() -> 
     quiet = run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, policy=idle)
     assert quiet.speculation.drafted == 0 and quiet.propose > 0  # the drafter still ran to keep its context
     assert plain.decide == 0.0 < quiet.decide and "choose" not in vars(idle)  # timed, then the timing removed
+    spied, inner = draft_policy("idle", 3), []  # a choose the caller set on the policy is put back, not deleted
+    assert spied is not None
+    original = spied.choose
+
+    def spy(*args: object, **kwargs: object) -> dict[str, int]:
+        inner.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    spied.choose = spy  # type: ignore[method-assign]
+    run_phases(target, prompts, make, max_tokens=6, stop_token_ids=(), batch_size=2, policy=spied)
+    assert spied.choose is spy and inner
     assert (quiet.steps, quiet.tokens) == (plain.steps, plain.tokens) and idle.decisions > 0
     adaptive = draft_policy("adaptive", 3)
     assert type(adaptive) is DraftLengthPolicy and draft_policy("fixed", 3) is None
