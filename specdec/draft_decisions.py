@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from specdec.step_cost import longest_proposed
+
 CALIBRATING = "c"
 BASELINE = "b"
 NO_DRAFTS = "."
@@ -51,7 +53,7 @@ def decision_symbol(lengths: Mapping[str, int], *, free: Collection[str], probes
         return NO_DRAFTS
     if all(rid in probes for rid in drafting):
         return PROBES_ONLY
-    longest = max((lengths[rid] for rid in drafting if rid not in free), default=0)
+    longest = longest_proposed(lengths, free)
     if longest == 0:
         return FREE_ONLY
     return str(longest) if longest < 10 else LONG_PROPOSAL

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from specdec.draft_decisions import BASELINE, CALIBRATING, decision_symbol
 from specdec.shadow_drafts import FreeDraft, ShadowDrafts, ShadowOutcome
-from specdec.step_cost import StepCost, StepCostModel
+from specdec.step_cost import StepCost, StepCostModel, longest_proposed
 
 DRAFT_MARGIN = 0.05
 """Drafting must beat plain decoding's predicted tokens/s by this share, not merely tie it.
@@ -322,13 +322,6 @@ def best_drain_lengths(
             best = dict.fromkeys(gains, 0)
             best.update((rid, j + 1) for rid, j in zip(reach, shortest, strict=True))
     return best
-
-
-def longest_proposed(lengths: Mapping[str, int], free: Collection[str]) -> int:
-    """The longest draft the drafter proposes: a free source's drafts (a lookup's) run no proposal.
-
-    The step cost's ``max_draft``, both where the policy prices a choice and where the engine records a step."""
-    return max((n for rid, n in lengths.items() if rid not in free), default=0)
 
 
 def predicted_gain(

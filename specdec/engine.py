@@ -30,7 +30,7 @@ from specdec.attn_metadata import ScheduledRequest, build_positions, build_targe
 from specdec.dispatch import CaptureConfig
 from specdec.dp_group import DPGroup
 from specdec.dp_sync import sync_dp
-from specdec.draft_length import DraftLengthPolicy, longest_proposed
+from specdec.draft_length import DraftLengthPolicy
 from specdec.kv_cache import KVCacheManager
 from specdec.metrics import RunMetrics
 from specdec.nn.transformer import ModelOutput, Transformer
@@ -38,6 +38,7 @@ from specdec.request import FinishReason, Request, RequestStatus
 from specdec.sampling import SamplingParams
 from specdec.scheduler import ScheduledItem, Scheduler, SchedulerConfig
 from specdec.speculator import ContextTaker, DraftContext, Proposal, Speculator, TargetStep, check_proposal
+from specdec.step_cost import longest_proposed
 from specdec.step_undo import (
     Refusal,
     StepJournal,

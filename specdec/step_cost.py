@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,14 @@ class StepCost:
             self.per_draft * factor,
             bends=tuple((knee, extra * factor) for knee, extra in self.bends),
         )
+
+
+def longest_proposed(lengths: Mapping[str, int], free: Collection[str]) -> int:
+    """The longest draft the drafter proposes: a free source's drafts (a lookup's) run no proposal.
+
+    A step's ``max_draft``, wherever it is priced or recorded: the policy's searches, the engine's step-cost sample
+    and the decision a policy writes down."""
+    return max((n for rid, n in lengths.items() if rid not in free), default=0)
 
 
 @dataclass(frozen=True)
