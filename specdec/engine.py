@@ -426,6 +426,8 @@ class Engine:
             if ids
             else {}
         )
+        if ids:  # one decision per step that had one to make: the run's trace, undone with the step if it fails
+            self.metrics.decisions += self.draft_policy.last_decision
         out.free_requests = frozenset(free_drafts or ())
         out.max_drafts = [
             lengths.get(it.request.req_id, 0) if d else 0 for it, d in zip(batch.items, out.drafting, strict=True)

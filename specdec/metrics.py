@@ -122,6 +122,9 @@ class RunMetrics(SpeculationCounters):
     tokens_emitted: int = 0
     tokens_scheduled: int = 0
     wall_s: float = 0.0
+    decisions: str = ""
+    """The adaptive draft length's decisions, one character per step that decided (``specdec.draft_decisions``);
+    empty at a fixed length."""
 
     @property
     def tokens_per_step(self) -> float:

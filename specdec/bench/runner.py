@@ -199,16 +199,10 @@ class EngineRunner:
             )
             for i, prompt in enumerate(batch.prompts)
         ]
-        decisions: list[str] = []
-        seen = policy.decisions if policy is not None else 0
         with torch.inference_mode():
             start = time.perf_counter()
             while engine.has_work:
                 engine.step()
-                # A step decides at most once (none where no request may draft): read it without timing it apart.
-                if policy is not None and policy.decisions != seen:
-                    seen = policy.decisions
-                    decisions.append(policy.last_decision)
             wall = time.perf_counter() - start
         m = engine.metrics
         return RunRecord(
@@ -223,7 +217,7 @@ class EngineRunner:
             wall_s=wall,
             steps=m.steps,
             speculation=m.snapshot(),
-            decisions="".join(decisions),
+            decisions=m.decisions,
         )
 
 

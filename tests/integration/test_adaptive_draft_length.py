@@ -52,19 +52,24 @@ def self_drafter(target: Transformer) -> AutoregressiveSpeculator:
 
 def test_a_drafter_the_target_agrees_with_drafts_k_every_step(target: Transformer) -> None:
     policy = DraftLengthPolicy(4, cost=DRAFTS_PAY)
-    outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=policy))
+    engine = Engine(target, ADAPTIVE, speculator=self_drafter(target), draft_policy=policy)
+    outputs, drafted, steps = run(engine)
     assert outputs == plain(target)
     # 40 tokens each, every draft accepted: the prior's gains (0.5, 0.25, ...) pay for 2 drafts, then 3 once the
     # first are accepted, then K until two tokens are left, when 1 draft is all the last step can use.
     assert drafted == [2 + 3 + 4 * 6 + 1] * 3 and steps == 3 * 9
+    assert engine.metrics.decisions == "234444441"  # the run's trace: one character per decision, in order
 
 
 def test_drafts_that_never_pay_make_it_plain_decoding_but_for_probes(target: Transformer) -> None:
     bad = AutoregressiveSpeculator(ModelDrafter(perturbed_copy(target, 5.0, 1)), num_spec_tokens=4, name="bad")
     policy = DraftLengthPolicy(4, cost=DRAFTS_NEVER_PAY, probe_every=8)
-    outputs, drafted, steps = run(Engine(target, ADAPTIVE, speculator=bad, draft_policy=policy))
+    engine = Engine(target, ADAPTIVE, speculator=bad, draft_policy=policy)
+    outputs, drafted, steps = run(engine)
     assert outputs == plain(target)
     assert sum(drafted) <= steps // 8 + len(PROMPTS)  # one-draft probes only
+    # A decision on every step but the last (nobody is left to draft after it), each one drafting nothing.
+    assert engine.metrics.decisions == "." * (engine.metrics.steps - 1) == "." * policy.decisions
 
 
 def test_the_measured_policy_is_lossless_greedy_and_varies_its_lengths(target: Transformer) -> None:
