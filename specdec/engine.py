@@ -49,6 +49,9 @@ from specdec.step_undo import (
 )
 from specdec.verifier import NonFiniteLogitsError, check_verified, verify
 
+DRAFT_LENGTHS = ("fixed", "adaptive")
+"""How a speculative engine sets each step's draft length (``EngineConfig.draft_length``)."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -64,7 +67,7 @@ class EngineConfig:
     keeps seeded sampling reproducible token for token, since ``adaptive`` reads wall-clock timings."""
 
     def __post_init__(self) -> None:
-        if self.draft_length not in ("fixed", "adaptive"):
+        if self.draft_length not in DRAFT_LENGTHS:
             raise ValueError(f"draft_length must be 'fixed' or 'adaptive', got {self.draft_length!r}")
 
 

@@ -7,7 +7,10 @@
 Behind it is the same engine the CLI and the tests drive, with every step
 checked in the process's contract mode. Each ``generate`` call builds an
 engine whose KV pool holds all its requests at once (no preemption) and a
-fresh drafter, so calls do not share state. Stop strings are found in the
+fresh drafter, so calls do not share drafter state; under
+``draft_length="adaptive"`` they share one draft-length policy, which keeps
+what earlier calls measured (step costs, acceptance rates), as a server would.
+Stop strings are found in the
 detokenized text after each step; a request that produced one is aborted,
 which frees its KV blocks and drafter state at once.
 """
@@ -24,7 +27,8 @@ from typing import Any
 import torch
 
 from specdec.backend_registry import available_backends, factory_for, names_option
-from specdec.engine import Engine, EngineConfig
+from specdec.draft_length import DraftLengthPolicy
+from specdec.engine import DRAFT_LENGTHS, Engine, EngineConfig
 from specdec.hub.loader import load
 from specdec.hub.local import is_path
 from specdec.hub.tokenizer import Message, Tokenizer
@@ -142,6 +146,10 @@ class LLM:
     ``dtype`` is ``"float32"`` (the default, exact) or ``"bfloat16"``. A
     built-in drafter of a catalog model loads its shipped trained weights
     unless ``speculative_config`` says ``"pretrained": None``.
+    ``draft_length``: ``"fixed"`` (the default) drafts K tokens every step and
+    samples reproducibly from the seed; ``"adaptive"`` drafts only what the
+    measured step cost and acceptance say pays, down to none (greedy output is
+    the same; sampled output is exact in distribution but depends on timings).
     """
 
     def __init__(
@@ -153,12 +161,11 @@ class LLM:
         seed: int = 0,
         max_num_seqs: int = 16,
         max_model_len: int | None = None,
+        draft_length: str = "fixed",
     ) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        self._configure(speculative_config, max_num_seqs, draft_length)
         target, tokenizer = load(model, dtype=getattr(torch, dtype))
         self._attach(target, tokenizer, None if is_path(model) else str(model), seed, max_num_seqs, max_model_len)
 
@@ -173,17 +180,33 @@ class LLM:
         seed: int = 0,
         max_num_seqs: int = 16,
         max_model_len: int | None = None,
+        draft_length: str = "fixed",
     ) -> LLM:
         """An ``LLM`` over a model already loaded: the CLI loads with progress, and a plain baseline shares weights.
 
         ``catalog_model`` names the catalog model it is, whose shipped drafter weights a built-in drafter loads.
         """
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         llm = cls.__new__(cls)
-        llm.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        llm._configure(speculative_config, max_num_seqs, draft_length)
         llm._attach(model, tokenizer, catalog_model, seed, max_num_seqs, max_model_len)
         return llm
+
+    def _configure(self, speculative_config: Mapping[str, Any] | None, max_num_seqs: int, draft_length: str) -> None:
+        """Check the options that need no model, before one is loaded."""
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"draft_length must be one of {', '.join(map(repr, DRAFT_LENGTHS))}, got {draft_length!r}")
+        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        if draft_length == "adaptive" and self.speculative is None:
+            raise ValueError("draft_length='adaptive' chooses how many tokens to draft: it needs a speculative_config")
+        self.draft_length = draft_length
+        self.draft_policy: DraftLengthPolicy | None = (
+            DraftLengthPolicy(self.speculative.num_speculative_tokens)
+            if self.speculative is not None and draft_length == "adaptive"
+            else None
+        )
+        """The adaptive draft length's one policy, taught by every call's engine in turn (``None`` at fixed)."""
 
     def _attach(
         self,
@@ -350,9 +373,15 @@ class LLM:
             max_num_seqs=min(self.max_num_seqs, len(prompts)),
             max_model_len=self.max_model_len,
         )
-        config = EngineConfig(num_blocks=blocks + 1, block_size=BLOCK_SIZE, seed=self.seed, scheduler=scheduler)
+        config = EngineConfig(
+            num_blocks=blocks + 1,
+            block_size=BLOCK_SIZE,
+            seed=self.seed,
+            scheduler=scheduler,
+            draft_length="adaptive" if self.draft_policy is not None else "fixed",
+        )
         self.last_speculator = speculator
-        return Engine(self.model, config, speculator=speculator)
+        return Engine(self.model, config, speculator=speculator, draft_policy=self.draft_policy)
 
     def _speculator(self) -> Speculator | None:
         spec = self.speculative
