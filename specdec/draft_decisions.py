@@ -70,3 +70,9 @@ def count_decisions(trace: str) -> dict[str, int]:
             kind = "proposed"
         counts[kind] += 1
     return counts
+
+
+def describe_decisions(trace: str) -> str:
+    """A trace's counts in a few words for a summary line: ``"12 proposed, 40 none, 8 calibrating"``."""
+    counts = count_decisions(trace)
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "none made"

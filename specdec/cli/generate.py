@@ -30,7 +30,8 @@ from specdec.cli import backend_options
 from specdec.cli.argtypes import float_in, list_of, positive_int, seed
 from specdec.cli.errors import UsageError, check_backend, check_text
 from specdec.cli.prompts_file import FilePrompt, read_prompts
-from specdec.engine import Engine, EngineConfig, RunMetrics
+from specdec.draft_decisions import describe_decisions
+from specdec.engine import DRAFT_LENGTHS, Engine, EngineConfig, RunMetrics
 from specdec.metrics import SpeculationCounters
 from specdec.nn.config import ModelConfig
 from specdec.nn.transformer import Transformer
@@ -114,6 +115,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--draft-is-target", action="store_true", help="draft-model backend drafting with the target itself")
     p.add_argument(
+        "--draft-length",
+        choices=DRAFT_LENGTHS,
+        default=None,
+        help="'fixed': K drafts every step, seeded sampling reproducible; 'adaptive': each step drafts only what the "
+        "measured step cost and acceptance say pays, down to none, and the summary counts its decisions "
+        "(default: fixed)",
+    )
+    p.add_argument(
         "--num-requests", type=positive_int, default=None, help="requests of the random tiny target (default: 4)"
     )
     p.add_argument(
@@ -193,7 +202,12 @@ def validate(args: argparse.Namespace) -> None:
     if args.backend == "plain":
         if options:
             raise UsageError(f"-O {', '.join(options)} needs a speculative backend; --backend plain drafts nothing")
-        extra = [f for f, on in (("-k", args.num_spec_tokens is not None), ("--fused", args.fused)) if on]
+        speculative = (
+            ("-k", args.num_spec_tokens),
+            ("--fused", args.fused or None),
+            ("--draft-length", args.draft_length),
+        )
+        extra = [f for f, value in speculative if value is not None]
         extra += ["--draft-is-target"] if args.draft_is_target else []
         if extra:
             verb = "needs" if len(extra) == 1 else "need"
@@ -216,6 +230,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.temperature == 0.0 and (args.top_k is not None or args.top_p is not None):
         raise UsageError("--top-k and --top-p shape sampling; with --temperature 0 (greedy) they would be ignored")
     args.num_spec_tokens = 4 if args.num_spec_tokens is None else args.num_spec_tokens
+    args.draft_length = args.draft_length or "fixed"
     args.params = sampling_params(args)
     if args.model is None:
         if args.prompts_file is not None and args.num_requests is not None:
@@ -345,6 +360,7 @@ def _build(args: argparse.Namespace, target: Transformer, backend: str) -> tuple
         block_size=16,
         seed=args.seed,
         scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64, max_model_len=1024),
+        draft_length=args.draft_length if speculator is not None else "fixed",
     )
     engine = Engine(target, config, speculator=speculator)
     vocab = target.config.vocab_size
@@ -355,14 +371,15 @@ def _build(args: argparse.Namespace, target: Transformer, backend: str) -> tuple
     return engine, requests
 
 
-def _summary(name: str, m: RunMetrics, tokens: int, wall: float) -> str:
+def _summary(name: str, m: RunMetrics, tokens: int, wall: float, *, adaptive: bool) -> str:
     by_pos = ", ".join(f"{r:.2f}" for r in m.acceptance_rate_by_position) or "-"
     tau = f"{m.acceptance_length:.2f}" if m.verify_steps else "-"
-    return (
+    line = (
         f"{name:<12} tokens {tokens:5d}  steps {m.steps:4d}  tokens/step {m.tokens_per_step:5.2f}  "
         f"drafted {m.drafted:5d}  accepted {m.accepted:5d}  tau {tau:>5}  "
         f"accept by position [{by_pos}]  {tokens / wall:8.1f} tok/s  ({wall:.2f} s)"
     )
+    return line + (f"  decisions: {describe_decisions(m.decisions)}" if adaptive else "")
 
 
 def speculation_json(m: SpeculationCounters) -> dict[str, Any]:
@@ -415,22 +432,25 @@ def run(args: argparse.Namespace) -> int:
     backends = [args.backend] + (["plain"] if args.compare_plain and args.backend != "plain" else [])
     walls: dict[str, float] = {}
     runs: dict[str, list[Request]] = {}
+    decisions: str | None = None
     for backend in backends:
         engine, requests = _build(args, target, backend)
         start = time.perf_counter()
         outputs = engine.run()
         wall = time.perf_counter() - start
         walls[backend], runs[backend] = wall, requests
+        if backend == args.backend and engine.draft_policy is not None:
+            decisions = engine.metrics.decisions
         tokens = sum(len(o) for o in outputs.values())
         if args.json:
             continue
         if backend == args.backend:
             for rid, out in outputs.items():
                 print(f"{rid}: {' '.join(map(str, out))}")
-        print(_summary(backend, engine.metrics, tokens, wall))
+        print(_summary(backend, engine.metrics, tokens, wall, adaptive=engine.draft_policy is not None))
     if args.json:
         for i, req in enumerate(runs[args.backend]):
-            record = _tiny_json(args.backend, req, walls[args.backend])
+            record = _tiny_json(args.backend, req, walls[args.backend], decisions)
             if "plain" in runs and args.backend != "plain":
                 record["plain"] = {"same_tokens": list(runs["plain"][i].output) == record["token_ids"]}
             emit_json(record)
@@ -446,8 +466,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tiny_json(backend: str, req: Request, wall: float) -> dict[str, Any]:
-    """One request of the random tiny target; its "text" is the token ids as the text output prints them."""
+def _tiny_json(backend: str, req: Request, wall: float, decisions: str | None) -> dict[str, Any]:
+    """One request of the random tiny target; its "text" is the token ids as the text output prints them.
+
+    ``decisions``: the adaptive draft length's trace of the batch the request ran in (``None`` at fixed).
+    """
     tokens = list(req.output)
     reason = req.finish_reason
     return {
@@ -457,7 +480,12 @@ def _tiny_json(backend: str, req: Request, wall: float) -> dict[str, Any]:
         "text": " ".join(map(str, tokens)),
         "token_ids": tokens,
         "finish_reason": FINISH[reason] if reason is not None else None,
-        "metrics": {"tokens": len(tokens), **speculation_json(req.metrics), "batch_wall_s": round(wall, 4)},
+        "metrics": {
+            "tokens": len(tokens),
+            **speculation_json(req.metrics),
+            "batch_wall_s": round(wall, 4),
+            "batch_decisions": decisions,
+        },
     }
 
 
@@ -513,6 +541,7 @@ def run_model(args: argparse.Namespace) -> int:
         catalog_model=catalog,
         seed=args.seed,
         max_num_seqs=1,
+        draft_length=args.draft_length,
     )
     plain = LLM.from_model(target, tokenizer, seed=args.seed, max_num_seqs=1)
     compare = args.compare_plain and args.backend != "plain"
@@ -529,7 +558,7 @@ def run_model(args: argparse.Namespace) -> int:
         baseline = plain.stream(ids, params) if compare else None
         random_drafter = drafter_weights_are_random(llm.last_speculator, target)
         if args.json:
-            emit_json(_model_json(args.backend, prompt, result, baseline, random_drafter))
+            emit_json(_model_json(args.backend, prompt, result, baseline, random_drafter, llm.draft_policy is not None))
             continue
         sys.stdout.write("\n")
         line = summary_line(
@@ -537,6 +566,7 @@ def run_model(args: argparse.Namespace) -> int:
             _as_stream_result(result),
             random_drafter=random_drafter,
             plain=None if baseline is None else _as_stream_result(baseline),
+            adaptive=llm.draft_policy is not None,
         )
         print(line, flush=True)
     return 0
@@ -570,7 +600,12 @@ def _as_stream_result(streamed: StreamedOutput) -> Any:
 
 
 def _model_json(
-    backend: str, prompt: FilePrompt, result: StreamedOutput, plain: StreamedOutput | None, random_drafter: bool
+    backend: str,
+    prompt: FilePrompt,
+    result: StreamedOutput,
+    plain: StreamedOutput | None,
+    random_drafter: bool,
+    adaptive: bool,
 ) -> dict[str, Any]:
     completion = result.output.outputs[0]
     m = result.run_metrics
@@ -589,6 +624,7 @@ def _model_json(
             "tokens_per_s": round(tokens / result.wall_s, 3) if result.wall_s > 0 else None,
             "wall_s": round(result.wall_s, 4),
             "first_token_s": round(result.first_token_s, 4),
+            "decisions": m.decisions if adaptive else None,
         },
         "random_drafter": random_drafter,
     }

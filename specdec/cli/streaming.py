@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from specdec.draft_decisions import describe_decisions
 from specdec.engine import Engine, EngineConfig, RunMetrics
 from specdec.hub.tokenizer import Tokenizer
 from specdec.nn.transformer import Transformer
@@ -145,8 +146,12 @@ def summary_line(
     *,
     random_drafter: bool = False,
     plain: StreamResult | None = None,
+    adaptive: bool = False,
 ) -> str:
-    """The one line ``specdec generate --model`` ends with: tokens, steps, tau, tokens/s and a speedup estimate."""
+    """The one line ``specdec generate --model`` ends with: tokens, steps, tau, tokens/s and a speedup estimate.
+
+    ``adaptive``: the run chose its draft lengths, and the line counts its decisions by kind.
+    """
     m = result.metrics
     speculative = backend != "plain"
     fields = [f"{backend}:", f"tokens {len(result.tokens)}", f"steps {m.steps}"]
@@ -166,6 +171,8 @@ def summary_line(
     if result.stop_string is not None:
         finish = f"stop_string {result.stop_string!r}"
     fields.append(f"finish {finish}")
+    if adaptive:
+        fields.append(f"decisions: {describe_decisions(m.decisions)}")
     line = "  ".join(fields)
     if random_drafter:
         line += "  [drafter weights are random (untrained): tau ~1 expected; output is still exactly the target's]"

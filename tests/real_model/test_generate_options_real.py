@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,26 @@ def test_the_cli_text_is_llm_generate_text(
     assert summary.startswith("plain:  tokens ") and summary.endswith(
         "finish stop_string 'mat'" if expected.stop_reason == "mat" else "finish max_tokens"
     )
+
+
+def test_adaptive_draft_length_keeps_the_text_and_learns_across_prompts(
+    smollm2: PulledModel,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Write a Python function that reverses a string.\n" * 2, encoding="utf-8")
+    argv = ["generate", "--model", SMOLLM2, "-b", "dflash", "--max-tokens", "40", "--prompts-file", str(prompts)]
+    assert main([*argv, "--json"]) == 0
+    fixed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--json", "--draft-length", "adaptive"]) == 0
+    adaptive = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["token_ids"] for r in adaptive] == [r["token_ids"] for r in fixed]  # greedy: the same text either way
+    assert [r["metrics"]["decisions"] for r in fixed] == [None, None]
+    first, second = (r["metrics"]["decisions"] for r in adaptive)
+    # One policy for the whole command: the first answer calibrates the step cost, the second goes on from it.
+    assert first.startswith("c" * 8) and second and "c" not in second
+    assert main([*argv[:-2], "--draft-length", "adaptive", "Write a Python function that reverses a string."]) == 0
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert re.search(r"  decisions: \d+ [a-z]+(, \d+ [a-z]+)*$", summary), summary
+    assert "8 calibrating" in summary

@@ -42,6 +42,11 @@ BAD_INPUT: dict[str, list[tuple[list[str], str]]] = {
         (["generate", "--backend", "eagle", "--draft-is-target"], "--draft-is-target needs a backend that takes"),
         (["generate", "--backend", "dflash", "--fused"], "--fused needs a backend with a fused decode"),
         (["generate", "--backend", "plain", "-k", "3"], "-k needs a speculative backend"),
+        (
+            ["generate", "--backend", "plain", "--draft-length", "adaptive"],
+            "--draft-length needs a speculative backend",
+        ),
+        (["generate", "--draft-length", "sometimes"], "--draft-length: invalid choice: 'sometimes'"),
         (["generate", "--dtype", "bfloat16"], "--dtype needs --model"),
         (["generate", "--no-chat"], "--chat/--no-chat needs --model"),
         (["generate", "--hidden", "30"], "a multiple of 4 is expected"),

@@ -45,6 +45,24 @@ def test_json_is_one_object_per_request_and_nothing_else(capsys: pytest.CaptureF
         assert m["tau"] > 1.0 and r["plain"] == {"same_tokens": True}  # the target drafting for itself
 
 
+def test_adaptive_json_carries_the_batchs_decisions_and_the_summary_counts_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["generate", "-b", "draft-model", "--draft-is-target", "-k", "3", *TINY]
+    argv = [*base, "--draft-length", "adaptive"]
+    assert main([*argv, "--json"]) == 0
+    records = json_lines(capsys.readouterr().out)
+    # One decision per step that had a request to draft for: after the prefill and each verify but the last.
+    trace = records[0]["metrics"]["batch_decisions"]
+    assert all(r["metrics"]["batch_decisions"] == trace for r in records)
+    assert trace.startswith("c") and len(trace) == records[0]["metrics"]["verify_steps"] >= 2
+    assert main(argv) == 0
+    summary = capsys.readouterr().out.splitlines()[-2]
+    assert summary.startswith("draft-model") and summary.endswith(f"decisions: {len(trace)} calibrating")
+    assert main([*base, "--json"]) == 0  # fixed, the default
+    assert all(r["metrics"]["batch_decisions"] is None for r in json_lines(capsys.readouterr().out))
+
+
 def test_prompts_file_lines_are_the_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plain = tmp_path / "prompts.txt"
     plain.write_text("1 2 3\n7 8\n", encoding="utf-8")
@@ -173,6 +191,34 @@ def test_stream_without_stop_writes_every_step(letters: LLM) -> None:
     streamed = letters.stream([0, 1, 2], SamplingParams(temperature=0.0, max_tokens=10), on_text=pieces.append)
     assert "".join(pieces) == streamed.output.outputs[0].text and len(pieces) == streamed.chunks >= 3
     assert streamed.run_metrics.accepted == streamed.run_metrics.drafted > 0
+
+
+def test_an_adaptive_llm_keeps_one_policy_across_calls(letters: LLM) -> None:
+    target, tokenizer = letters.model, letters.tokenizer
+    config = {"method": "draft_model", "num_speculative_tokens": 3, "draft": target}
+    llm = LLM.from_model(target, tokenizer, speculative_config=config, max_num_seqs=1, draft_length="adaptive")
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    first = llm.stream("abc", params)
+    second = llm.stream("abc", params)
+    assert (
+        first.output.outputs[0].text
+        == second.output.outputs[0].text
+        == letters.stream("abc", params).output.outputs[0].text
+    )
+    # The first call calibrates the step cost; the second goes on from what it measured, as a server would.
+    assert first.run_metrics.decisions.startswith("c" * 8) and "c" not in second.run_metrics.decisions
+    assert llm.draft_policy is not None and llm.draft_policy.decisions == len(first.run_metrics.decisions) + len(
+        second.run_metrics.decisions
+    )
+    assert letters.draft_policy is None and letters.stream("abc", params).run_metrics.decisions == ""
+
+
+def test_llm_draft_length_mistakes_are_named(letters: LLM) -> None:
+    target, tokenizer = letters.model, letters.tokenizer
+    with pytest.raises(ValueError, match="draft_length must be one of 'fixed', 'adaptive', got 'sometimes'"):
+        LLM.from_model(target, tokenizer, speculative_config={"method": "dflash"}, draft_length="sometimes")
+    with pytest.raises(ValueError, match="it needs a speculative_config"):
+        LLM.from_model(target, tokenizer, draft_length="adaptive")
 
 
 def test_bench_gives_each_backend_the_options_it_takes_and_renders_them_back() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.draft_decisions import KINDS, count_decisions, decision_symbol
+from specdec.draft_decisions import KINDS, count_decisions, decision_symbol, describe_decisions
 from specdec.draft_length import CALIBRATION, DraftLengthPolicy
 from specdec.shadow_drafts import FreeDraft
 from specdec.step_cost import StepCost
@@ -89,3 +89,8 @@ def test_a_baseline_is_written_as_such() -> None:
         last = length
     measured = "".join(trace[len(CALIBRATION) :])
     assert "bb" in measured and set(measured) == {"1", "b"}
+
+
+def test_a_summary_names_the_kinds_made_in_report_order() -> None:
+    assert describe_decisions("cc..p2L+b") == "2 proposed, 1 free, 1 probe, 2 none, 1 baseline, 2 calibrating"
+    assert describe_decisions("") == "none made"
