@@ -159,13 +159,17 @@ def verify(
         row_params = [p for p, d in zip(params, num_draft_tokens, strict=True) for _ in range(d + 1)]
         target_probs = probabilities(logits, row_params)
         # Rows no token can be drawn from become uniform, so sampling runs; their requests emit nothing below.
-        target_probs = torch.where(finite_rows[:, None], target_probs, 1.0 / vocab)
+        # In place: the probabilities are this call's own, and a vocabulary-wide copy costs ~0.2 ms at 8 rows.
+        target_probs.masked_fill_(~finite_rows[:, None], 1.0 / vocab)
         # Only the slots some request drafted: a step that drafts little (the adaptive length, probes) or
         # nothing must not pay K vocabulary-wide slots per request. Slots past every count are invalid anyway.
         width = max(num_draft_tokens, default=0)
         draft_probs = None if inp.draft_probs is None else inp.draft_probs[s, :width]
+        slots = row_index[s, : width + 1]
+        # index_select, not advanced indexing: the same rows at about half the cost on a CPU.
+        p = target_probs.index_select(0, slots.reshape(-1)).view(*slots.shape, vocab)
         num_accepted[s], recovered[s], recovery = _verify_sampled(
-            target_probs[row_index[s, : width + 1]], safe_drafts[s, :width], valid[s, :width], draft_probs, generator
+            p, safe_drafts[s, :width], valid[s, :width], draft_probs, generator
         )
         recovery = dataclasses.replace(recovery, rows=s)
     num_accepted = torch.where(drawable, num_accepted, 0)
@@ -262,14 +266,22 @@ def _verify_sampled(
     num_accepted = _leading_true(usable & (u * q_x < p_x))
 
     rows = torch.arange(n, device=p.device)
-    p_at = p[rows, num_accepted]
+    # p at each stopping slot; with no slots to stop at that is the bonus row, a view of no copy.
+    p_at = p[:, 0] if k == 0 else p.reshape(n * (k + 1), vocab).index_select(0, rows * (k + 1) + num_accepted)
     # The proposal at the stopping position: the rejected draft's q, or nothing when
     # there was no usable draft there (bonus, a pad/invalid id, a broken proposal
     # slot), which makes the residual p itself: the token then follows p exactly.
-    has_draft = torch.cat([usable, usable.new_zeros((n, 1))], dim=1)[rows, num_accepted]
-    q_padded = torch.cat([q, q.new_zeros((n, 1, vocab))], dim=1)
-    q_at = torch.where(has_draft[:, None], q_padded[rows, num_accepted], 0.0)
-    residual = (p_at - q_at).clamp_min(0.0)
+    if k:
+        has_draft = torch.cat([usable, usable.new_zeros((n, 1))], dim=1)[rows, num_accepted]
+        q_padded = torch.cat([q, q.new_zeros((n, 1, vocab))], dim=1)
+        q_at = torch.where(has_draft[:, None], q_padded[rows, num_accepted], 0.0)
+        residual = (p_at - q_at).clamp_min(0.0)
+    else:
+        # No slot has a draft (plain decoding, or a step in which nobody drafts): q is zero everywhere, so the
+        # residual is p, bit for bit, without building, indexing and subtracting vocabulary-wide zeros (about
+        # 1.5 ms a step at 8 rows of 49k on a CPU). The evidence's proposal is a zero view of no memory.
+        q_at = p_at.new_zeros(()).expand(n, vocab)
+        residual = p_at.clamp_min(0.0)
     mass = residual.sum(dim=-1, keepdim=True)
     # An all-zero residual means p <= q everywhere, i.e. p == q up to rounding, where a
     # rejection has probability ~0; fall back to p rather than divide by zero.
