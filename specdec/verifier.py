@@ -249,17 +249,22 @@ def _verify_sampled(
     """
     n, k = drafts.shape
     vocab = p.shape[-1]
+    q: Tensor | None = None
     if draft_probs is None:
-        q = torch.nn.functional.one_hot(drafts, vocab).to(p.dtype)
+        # One-hot proposals are never built vocabulary-wide: q is 1 at each draft, and only the rejected
+        # draft's row is needed below.
+        q_x = torch.ones((n, k), dtype=p.dtype, device=p.device)
         usable = valid
     else:
         q = draft_probs.to(p.dtype)
         # A slot whose q is not a distribution (NaN fails both comparisons), or gives its own draft
         # no mass, cannot have produced the draft: it is not used, like a slot without a draft.
-        proper = ((q >= 0) & (q < float("inf"))).all(dim=-1)
-        usable = valid & proper & (q.gather(-1, drafts[..., None]).squeeze(-1) > 0)
+        # Two reductions rather than two vocabulary-wide masks and their conjunction; NaN propagates through both.
+        low, high = torch.aminmax(q, dim=-1)
+        proper = (low >= 0) & (high < float("inf"))
+        q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
+        usable = valid & proper & (q_x > 0)
     p_x = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-    q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
 
     # u < p/q without dividing: u·q < p. p >= q accepts surely (u < 1); p == 0 never does.
     u = torch.rand((n, k), generator=generator, device=p.device, dtype=p.dtype)
@@ -273,8 +278,12 @@ def _verify_sampled(
     # slot), which makes the residual p itself: the token then follows p exactly.
     if k:
         has_draft = torch.cat([usable, usable.new_zeros((n, 1))], dim=1)[rows, num_accepted]
-        q_padded = torch.cat([q, q.new_zeros((n, 1, vocab))], dim=1)
-        q_at = torch.where(has_draft[:, None], q_padded[rows, num_accepted], 0.0)
+        slot = rows * k + num_accepted.clamp_max(k - 1)  # past the last draft has_draft is False: any slot will do
+        if q is None:
+            q_rows = torch.nn.functional.one_hot(drafts.reshape(-1).index_select(0, slot), vocab).to(p.dtype)
+        else:
+            q_rows = q.reshape(n * k, vocab).index_select(0, slot)
+        q_at = torch.where(has_draft[:, None], q_rows, 0.0)
         residual = (p_at - q_at).clamp_min(0.0)
     else:
         # No slot has a draft (plain decoding, or a step in which nobody drafts): q is zero everywhere, so the

@@ -577,6 +577,20 @@ def test_ver7_draft_with_zero_proposal_probability_is_not_accepted() -> None:
         assert int(call().num_accepted[0]) == 0
 
 
+@pytest.mark.parametrize("fault", [float("nan"), float("inf"), -0.1])
+def test_a_proposal_that_is_not_a_distribution_is_never_accepted(fault: float) -> None:
+    inp, num_draft = _small_input(probs=True)
+    logits = torch.full((5, 5), -30.0)
+    logits[0, 1] = logits[1, 2] = logits[3, 3] = 30.0  # the target all but certain of every draft
+    q = torch.full((2, 2, 5), 0.2)
+    q[0, 0, 4] = fault  # request 0's first slot, at a token other than its draft
+    bad = VerifierInput(inp.draft_token_ids, inp.num_draft_tokens, logits, q)
+    with contracts.enforce("off"):
+        out = verify(bad, [PLAIN] * 2, num_spec_tokens=2, num_draft_tokens=num_draft, sampled_from=q)
+    # The broken slot is treated as no draft: nothing of request 0 accepted, its token drawn from p; request 1 as usual.
+    assert out.num_accepted.tolist() == [0, 1] and out.output_token_ids[0, 0] == 1
+
+
 def test_ver1_malformed_outputs() -> None:
     inp, num_draft = _small_input()
 
