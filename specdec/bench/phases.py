@@ -30,12 +30,14 @@ import torch
 from specdec.bench.options import DEFAULT_BACKENDS
 from specdec.draft_decisions import NO_DRAFTS
 from specdec.draft_length import DraftLengthPolicy
+from specdec.engine import DRAFT_LENGTHS as ENGINE_DRAFT_LENGTHS
 from specdec.metrics import SpeculationCounters
 from specdec.shadow_drafts import FreeDraft
 from specdec.speculator import ContextTaker
 
 PLAIN = "plain"
-DRAFT_LENGTHS = ("fixed", "adaptive", "idle")
+DRAFT_LENGTHS = (*ENGINE_DRAFT_LENGTHS, "idle")
+"""The engine's draft lengths, and ``idle``: the adaptive engine under a policy that never drafts."""
 
 
 class DraftNothing(DraftLengthPolicy):
