@@ -32,7 +32,7 @@ from specdec.backend_registry import create, names_option
 from specdec.bench.contract_modes import MODES, ModeRunner
 from specdec.bench.lossless import check_lossless, relative_tie_tolerance_for, tie_tolerance_for, top_two
 from specdec.bench.options import BenchOptions, configure_target, options_from_args
-from specdec.bench.output import write_docs, write_outputs
+from specdec.bench.output import check_docs, write_docs, write_outputs
 from specdec.bench.report import HEADLINE_SUITE, Spread, evaluate_targets, render_markdown, round_noise, summarize
 from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec, interleave, pair_ratios
 from specdec.bench.suites import Workload, build_workload
@@ -381,8 +381,60 @@ def check_backend_options(options: BenchOptions) -> None:
     shared_among(options.backend_options, options.backends, options.k)
 
 
+RENDER_TAKES = ("render", "write_docs")
+"""The only options ``--render`` takes: what it reads, and where else it writes."""
+
+
+def render_saved(args: argparse.Namespace) -> int:
+    """``--render DIR``: a saved report's targets judged by today's rules, its markdown and plots written again."""
+    import json
+
+    from specdec.bench.options import add_arguments
+    from specdec.cli.errors import UsageError
+
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    given = [
+        name
+        for name, default in vars(defaults.parse_args([])).items()
+        if name not in RENDER_TAKES and getattr(args, name, default) != default
+    ]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(f"--render runs nothing, so {flag} has nothing to change; it takes only --write-docs")
+    out_dir = Path(args.render)
+    saved = out_dir / "bench.json"
+    try:
+        report = json.loads(saved.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"--render {args.render}: no bench.json there; expected the --out folder of a bench run"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--render {args.render}: bench.json is not JSON ({exc})") from None
+    if not isinstance(report, dict) or not {"config", "summaries", "environment"} <= report.keys():
+        raise UsageError(
+            f"--render {args.render}: bench.json is not a bench report (no config, summaries, environment)"
+        )
+    if args.write_docs is not None:
+        try:
+            check_docs(Path(args.write_docs))
+        except ValueError as exc:
+            raise UsageError(f"--write-docs: {exc}") from None
+    report["targets"] = [t.as_dict() for t in evaluate_targets(report)]
+    written = write_outputs(report, out_dir)
+    if args.write_docs is not None:
+        write_docs(report, out_dir, Path(args.write_docs))
+        written.append(Path(args.write_docs))
+    sys.stdout.write(render_markdown(report))
+    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model and the suites, start the peer, run, write; 0 on success, 1/2 on missing model / bad input."""
+    if args.render is not None:
+        return render_saved(args)
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -400,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         options = options_from_args(args)
+        if args.write_docs is not None:
+            check_docs(Path(args.write_docs))  # before the run, which may take an hour
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_model(options.model)

@@ -258,6 +258,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes, every code path once (figures meaningless)")
     p.add_argument("--out", default="bench-results", help="output folder: bench.json, bench.md, *.png")
     p.add_argument(
+        "--render",
+        metavar="DIR",
+        help="run nothing: judge the targets of DIR/bench.json (a past run's --out) again and rewrite its bench.md "
+        "and plots (with --write-docs, the docs too); takes no other option",
+    )
+    p.add_argument(
         "--write-docs",
         nargs="?",
         const=DOCS_PATH,

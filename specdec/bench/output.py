@@ -31,11 +31,20 @@ def write_outputs(report: dict[str, Any], out_dir: Path) -> list[Path]:
     return [out_dir / "bench.json", out_dir / "bench.md", *(out_dir / p for p in report["plots"])]
 
 
-def write_docs(report: dict[str, Any], out_dir: Path, doc: Path) -> None:
-    """Replace the generated section of ``doc`` with this report and copy the plots beside it."""
-    text = doc.read_text(encoding="utf-8")
+def check_docs(doc: Path) -> str:
+    """``doc``'s text, once it is known to hold a generated section: checked before a run, not after it."""
+    try:
+        text = doc.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read {doc}: {exc.strerror}") from None
     if DOCS_BEGIN not in text or DOCS_END not in text:
         raise ValueError(f"{doc} has no generated section ({DOCS_BEGIN!r} ... {DOCS_END!r})")
+    return text
+
+
+def write_docs(report: dict[str, Any], out_dir: Path, doc: Path) -> None:
+    """Replace the generated section of ``doc`` with this report and copy the plots beside it."""
+    text = check_docs(doc)
     images = doc.parent / "benchmarks"
     images.mkdir(exist_ok=True)
     for plot in report.get("plots", []):

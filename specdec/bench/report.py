@@ -132,50 +132,108 @@ def _headline(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def evaluate_targets(report: dict[str, Any]) -> list[Target]:
-    """The issue's targets at batch 1, greedy, on HumanEval (the headline configuration)."""
-    head = _headline(report.get("summaries", []))
-    backends = [b for b in report["config"]["backends"] if b in head]
-    targets: list[Target] = []
-    speed = {b: head[b]["speedup"]["median"] for b in backends if head[b].get("speedup")}
-    if speed:
-        best = max(speed, key=lambda b: speed[b])
-        targets.append(Target("best backend >= 2.0x plain", speed[best] >= 2.0, f"{best} {speed[best]:.2f}x"))
-        slow = {b: s for b, s in speed.items() if s <= 1.3}
-        targets.append(
-            Target(
-                "every backend > 1.3x plain",
-                not slow,
-                ", ".join(f"{b} {s:.2f}x" for b, s in speed.items()),
-            )
-        )
-    else:
-        targets.append(Target("best backend >= 2.0x plain", None, "no backend ran on the headline configuration"))
-    order = [b for b in ("dspark", "dflash", "eagle") if b in head and head[b].get("tau") is not None]
-    if len(order) >= 2:
-        taus = [head[b]["tau"] for b in order]
-        holds = all(a > b for a, b in itertools.pairwise(taus))
-        targets.append(
-            Target(
-                " > ".join(f"{b} tau" for b in order),
-                holds,
-                ", ".join(f"{b} {t:.2f}" for b, t in zip(order, taus, strict=True)),
-                f"equal K = {report['config']['k']}",
-            )
-        )
-    peer = report.get("peer", {})
+HEADLINE = "batch 1, greedy, HumanEval"
+
+
+def _speed_targets(head: dict[str, dict[str, Any]], backends: Sequence[str]) -> list[Target]:
+    speed = {b: head[b]["speedup"]["median"] for b in backends if b in head and head[b].get("speedup")}
+    if not speed:
+        return [
+            Target(f"best backend >= 2.0x plain ({HEADLINE})", None, "no backend ran on the headline configuration")
+        ]
+    best = max(speed, key=lambda b: speed[b])
+    return [
+        Target(f"best backend >= 2.0x plain ({HEADLINE})", speed[best] >= 2.0, f"{best} {speed[best]:.2f}x"),
+        Target(
+            f"every backend >= 1.3x plain ({HEADLINE})",
+            all(s >= 1.3 for s in speed.values()),
+            ", ".join(f"{b} {s:.2f}x" for b, s in speed.items()),
+        ),
+    ]
+
+
+def _cell(s: dict[str, Any]) -> str:
+    return f"{s['suite']} b{s['batch_size']} T={s['temperature']:g}"
+
+
+def every_cell_target(summaries: Sequence[dict[str, Any]], backends: Sequence[str], noise: float | None) -> Target:
+    """Every backend at least as fast as plain decoding in every cell; a shortfall within the round noise is allowed.
+
+    A cell's figure is its median of per-round ratios; the yardstick is the
+    run's own noise (plain decoding's spread between rounds), so a cell below
+    ``1 - noise`` is a systematic slowdown, not a noisy 1.0x. Without a noise
+    figure (one round) nothing is allowed.
+    """
+    name = "every backend >= 1.0x plain in every cell (within the noise)"
+    cells = [s for s in summaries if s["runner"] in backends and s.get("speedup")]
+    if not cells:
+        return Target(name, None, "no backend ran")
+    floor = 1.0 - (noise or 0.0)
+    below = [s for s in cells if s["speedup"]["median"] < 1.0]
+    beyond = [s for s in below if s["speedup"]["median"] < floor]
+    low = min(cells, key=lambda s: s["speedup"]["median"])
+    allowed = "no noise figure" if noise is None else f"the noise {noise:.1%}"
+    value = (
+        f"{len(below)} of {len(cells)} cells below 1.0x, {len(beyond)} beyond {allowed}; "
+        f"lowest {_cell(low)} {low['runner']} {low['speedup']['median']:.3f}x"
+    )
+    by_cell: dict[str, list[str]] = {}
+    for s in beyond:
+        by_cell.setdefault(_cell(s), []).append(f"{s['runner']} {s['speedup']['median']:.3f}x")
+    note = "; ".join(f"{cell}: {', '.join(runs)}" for cell, runs in by_cell.items())
+    return Target(name, not beyond, value, f"beyond the noise: {note}" if note else "")
+
+
+def lossless_target(lossless: dict[str, Any]) -> Target:
+    """Greedy output token for token plain decoding's, every backend and batch; a mismatch passes only as a tie."""
+    name = "greedy output equals plain decoding (ties explained)"
+    if not lossless:
+        return Target(name, None, "not compared")
+    compared = sum(lossless["compared"].values())
+    identical = sum(lossless["identical"].values())
+    batching = lossless["batching"]
+    mismatches = lossless["mismatches"] + lossless["batching_mismatches"]
+    not_ties = [m for m in mismatches if "tie" not in m["verdict"] or "NOT" in m["verdict"]]
+    value = (
+        f"{identical}/{compared} identical to plain, plain alone vs batched "
+        f"{batching['identical']}/{batching['compared']}; {len(mismatches)} mismatch(es), {len(not_ties)} not a tie"
+    )
+    return Target(name, not not_ties, value, "sampling: the chi-square tests of the test suite")
+
+
+def _peer_target(peer: dict[str, Any]) -> Target:
+    name = "engine plain >= 1.3x transformers generate"
     ratio = peer.get("engine_over_transformers")
-    if ratio:
-        targets.append(
-            Target(
-                "engine plain >= transformers generate",
-                ratio["median"] >= 1.0,
-                f"{ratio['median']:.2f}x (tokens/s ratio, median of {ratio['n']})",
-            )
+    if not ratio:
+        return Target(name, None, peer.get("reason", "peer not run"))
+    lookup = peer.get("prompt_lookup")
+    note = (
+        ""
+        if lookup is None
+        else f"transformers' prompt lookup: {lookup['speedup_over_transformers']['median']:.2f}x its own generate"
+    )
+    return Target(
+        name, ratio["median"] >= 1.3, f"{ratio['median']:.2f}x (tokens/s ratio, median of {ratio['n']})", note
+    )
+
+
+def _tau_target(head: dict[str, dict[str, Any]], k: int) -> list[Target]:
+    order = [b for b in ("dspark", "dflash", "eagle") if b in head and head[b].get("tau") is not None]
+    if len(order) < 2:
+        return []
+    taus = [head[b]["tau"] for b in order]
+    return [
+        Target(
+            " > ".join(f"{b} tau" for b in order) + f" ({HEADLINE})",
+            all(a > b for a, b in itertools.pairwise(taus)),
+            ", ".join(f"{b} {t:.2f}" for b, t in zip(order, taus, strict=True)),
+            f"equal K = {k}",
         )
-    else:
-        targets.append(Target("engine plain >= transformers generate", None, peer.get("reason", "peer not run")))
-    modes = report.get("contracts", {}).get("modes", {})
+    ]
+
+
+def _contract_targets(modes: dict[str, Any]) -> list[Target]:
+    targets: list[Target] = []
     fraction = modes.get("shapes", {}).get("check_fraction")
     rel = modes.get("shapes", {}).get("time_vs_off")
     if fraction is not None:
@@ -194,6 +252,21 @@ def evaluate_targets(report: dict[str, Any]) -> list[Target]:
             )
         )
     return targets
+
+
+def evaluate_targets(report: dict[str, Any]) -> list[Target]:
+    """The speed, losslessness and peer targets, then the drafters' tau order and the contracts' cost."""
+    summaries = report.get("summaries", [])
+    head = _headline(summaries)
+    backends = list(report["config"]["backends"])
+    return [
+        *_speed_targets(head, backends),
+        every_cell_target(summaries, backends, report.get("noise")),
+        lossless_target(report.get("lossless", {})),
+        _peer_target(report.get("peer", {})),
+        *_tau_target(head, report["config"]["k"]),
+        *_contract_targets(report.get("contracts", {}).get("modes", {})),
+    ]
 
 
 # -- markdown --------------------------------------------------------------------------------------------------
@@ -272,7 +345,7 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         + ", ".join(f"{b} `{d.get('weights_source', '?')}`" for b, d in report.get("drafters", {}).items())
         + ".",
         "",
-        "### Targets (batch 1, greedy, HumanEval)",
+        "### Targets",
         "",
     ]
     marks = {True: "yes", False: "**no**", None: "n/a"}

@@ -314,7 +314,13 @@ def test_tiny_bench_is_lossless_and_summarizes_every_runner(tiny_report: dict[st
     assert modes["none"]["check_fraction"] is None
     assert report["peer"]["status"] == "skipped"
     names = [t["name"] for t in report["targets"]]
-    assert "best backend >= 2.0x plain" in names and "dspark tau > dflash tau > eagle tau" in names
+    assert names[:4] == [
+        "best backend >= 2.0x plain (batch 1, greedy, HumanEval)",
+        "every backend >= 1.3x plain (batch 1, greedy, HumanEval)",
+        "every backend >= 1.0x plain in every cell (within the noise)",
+        "greedy output equals plain decoding (ties explained)",
+    ]
+    assert "dspark tau > dflash tau > eagle tau (batch 1, greedy, HumanEval)" in names
 
 
 def test_report_renders_and_writes_plots_and_docs(tiny_report: dict[str, object], tmp_path: Path) -> None:
@@ -372,6 +378,54 @@ def test_cli_rejects_bad_options_before_loading_anything(
 ) -> None:
     assert main(["bench", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_render_judges_a_saved_reports_targets_again_and_rewrites_its_outputs(
+    tiny_report: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    report: dict[str, Any] = json.loads(json.dumps(tiny_report))
+    report["targets"] = [{"name": "a target of an older rule", "passed": True, "value": "1x", "note": ""}]
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "bench.json").write_text(json.dumps(report))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Bench\n{DOCS_BEGIN}\nstale\n{DOCS_END}\n")
+    assert main(["bench", "--render", str(out), "--write-docs", str(doc)]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "bench.json").read_text())
+    names = [t["name"] for t in saved["targets"]]
+    assert "a target of an older rule" not in names and "greedy output equals plain decoding (ties explained)" in names
+    assert saved["summaries"] == report["summaries"] and saved["runs"] == report["runs"]  # nothing ran again
+    assert (out / "bench.md").read_text() == printed and "greedy output equals plain decoding" in printed
+    assert printed.replace("](./", "](benchmarks/") in doc.read_text() and "stale" not in doc.read_text()
+    assert (out / "speedup.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--render", "{tmp}/missing"], "no bench.json there; expected the --out folder of a bench run"),
+        (["--render", "{tmp}/bad"], "bench.json is not JSON"),
+        (["--render", "{tmp}/other"], "bench.json is not a bench report"),
+        (["--render", "{tmp}/run", "--suites", "mtbench"], "--render runs nothing, so --suites has nothing"),
+        (["--render", "{tmp}/run", "--out", "{tmp}/x"], "--render runs nothing, so --out has nothing"),
+        (["--render", "{tmp}/run", "--write-docs", "{tmp}/plain.md"], "has no generated section"),
+        (["--render", "{tmp}/run", "--write-docs", "{tmp}/none.md"], "cannot read"),
+        (["--write-docs", "{tmp}/plain.md"], "has no generated section"),
+    ],
+)
+def test_render_and_write_docs_mistakes_are_one_line_errors(
+    args: list[str], message: str, tiny_report: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, text in (("bad", "{not json"), ("other", "[1, 2]"), ("run", json.dumps(tiny_report))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(text)
+    (tmp_path / "plain.md").write_text("# no generated section\n")
+    assert main(["bench", *(a.format(tmp=tmp_path) for a in args)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: ") and message in err and err.count("\n") == 1
+    assert json.loads((tmp_path / "run" / "bench.json").read_text()) == json.loads(json.dumps(tiny_report))
 
 
 def test_the_report_names_a_lookups_longer_k(tiny_report: dict[str, object]) -> None:
