@@ -381,6 +381,17 @@ def check_backend_options(options: BenchOptions) -> None:
     shared_among(options.backend_options, options.backends, options.k)
 
 
+def check_write_docs(args: argparse.Namespace) -> None:
+    """``--write-docs``'s file holds the generated section: checked before anything is run or written."""
+    from specdec.cli.errors import UsageError
+
+    if args.write_docs is not None:
+        try:
+            check_docs(Path(args.write_docs))
+        except ValueError as exc:
+            raise UsageError(f"--write-docs: {exc}") from None
+
+
 RENDER_TAKES = ("render", "write_docs")
 """The only options ``--render`` takes: what it reads, and where else it writes."""
 
@@ -416,11 +427,7 @@ def render_saved(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--render {args.render}: bench.json is not a bench report (no config, summaries, environment)"
         )
-    if args.write_docs is not None:
-        try:
-            check_docs(Path(args.write_docs))
-        except ValueError as exc:
-            raise UsageError(f"--write-docs: {exc}") from None
+    check_write_docs(args)
     report["targets"] = [t.as_dict() for t in evaluate_targets(report)]
     written = write_outputs(report, out_dir)
     if args.write_docs is not None:
@@ -452,10 +459,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         options = options_from_args(args)
-        if args.write_docs is not None:
-            check_docs(Path(args.write_docs))  # before the run, which may take an hour
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    check_write_docs(args)  # before the run, which may take an hour
     check_model(options.model)
     for backend in options.backends:
         check_backend(backend)

@@ -83,6 +83,11 @@ def verdict(gap: float | None, tie_tolerance: float) -> str:
     return "NOT a tie: a losslessness bug"
 
 
+def is_tie(verdict_text: str) -> bool:
+    """Whether a mismatch's ``verdict`` explains it by a tie (exact or near), which greedy losslessness allows."""
+    return "tie" in verdict_text and "NOT" not in verdict_text
+
+
 GapFn = Callable[[Sequence[int]], TopTwo | None]
 
 
@@ -100,7 +105,7 @@ class LosslessReport:
     @property
     def lossless(self) -> bool:
         """True when every mismatch (if any) is explained by a tie."""
-        return all("tie" in m.verdict and "NOT" not in m.verdict for m in self.mismatches)
+        return all(is_tie(m.verdict) for m in self.mismatches)
 
     def as_dict(self) -> dict[str, Any]:
         return {
