@@ -9,6 +9,10 @@ process to the next on a host, where timing anew could flip a near call. Delete
 the file to time again (after a BIOS or memory change, say). A file that cannot
 be read or parsed is timed over and rewritten; one that cannot be written (a
 read-only home) only costs the timing next time.
+
+A timing taken on a busy host is never kept (``KernelTiming.busy_host``): kept,
+it would hold a wrong choice for every later process. Format 1 records were kept
+without that check, so they are timed over once.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from specdec.nn.packed_linear import set_fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 
 CHOICE_FILE = "fp32-kernels.json"
-FORMAT = 1
+FORMAT = 2
+"""2: every kept timing was taken on a quiet host (1 did not check, so its records are timed over)."""
 
 
 def cpu_model() -> str:
@@ -54,7 +59,8 @@ def host_key(shapes: list[list[int]]) -> str:
 def choose_fp32_kernels_once(model: Transformer, home: Path) -> frozenset[int] | None:
     """The row counts ``F.linear`` takes for ``model``'s fp32 products, from ``home``'s record or timed and recorded.
 
-    None where there is nothing to choose (``timed_products``): then nothing is read, timed or changed.
+    None where there is nothing to choose (``timed_products``): then nothing is read, timed or changed. Where the
+    host stayed busy through the timing, no product takes ``F.linear`` and nothing is recorded.
     """
     products = timed_products(model)
     if not products:
@@ -68,11 +74,18 @@ def choose_fp32_kernels_once(model: Transformer, home: Path) -> frozenset[int] |
         set_fp32_f_linear_rows(rows)
         return rows
     timings = choose_fp32_kernels(model)
+    if any(t.busy_host for t in timings):
+        return frozenset()  # the packed path for now; a later load on a quiet host times and keeps the choice
     rows = frozenset(t.rows for t in timings if t.f_linear_wins)
     entries[key] = {
         "f_linear_rows": sorted(rows),
         "timings_ms": [
-            {"rows": t.rows, "packed": round(1000 * t.packed_s, 3), "f_linear": round(1000 * t.f_linear_s, 3)}
+            {
+                "rows": t.rows,
+                "packed": round(1000 * t.packed_s, 3),
+                "f_linear": round(1000 * t.f_linear_s, 3),
+                "cpu_wait": None if t.cpu_wait is None else round(t.cpu_wait, 4),
+            }
             for t in timings
         ],
         "measured_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

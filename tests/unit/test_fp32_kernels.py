@@ -8,12 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from busy_host import busy_host
 from packed_models import MEDIUM
 
+import specdec.cpu_wait as cpu_wait
 import specdec.nn.fp32_kernels as fp32_kernels
 import specdec.nn.packed_linear as packed_linear
 from specdec.nn.config import ModelConfig
-from specdec.nn.fp32_kernels import MARGIN, KernelTiming, choose_fp32_kernels, time_kernels
+from specdec.nn.fp32_kernels import ATTEMPTS, MARGIN, MAX_CPU_WAIT, KernelTiming, choose_fp32_kernels, time_kernels
 from specdec.nn.packed_linear import (
     PackedLinear,
     fp32_f_linear_rows,
@@ -55,6 +57,63 @@ def test_a_win_inside_the_margin_keeps_the_packed_kernel(medium: Transformer, mo
     choose_fp32_kernels(medium)
     assert fp32_f_linear_rows() == frozenset({2})
     assert timed == [1, 2, 3, 4]
+
+
+def attempts(*waits: float | None, wins: dict[int, float], timed: list[int]):  # type: ignore[no-untyped-def]
+    """A ``time_kernels`` stand-in whose n-th timing of the row counts ran at the n-th CPU wait share."""
+    attempt = [-1]
+
+    def fake(products, rows):  # type: ignore[no-untyped-def]
+        if rows == 1:
+            attempt[0] += 1
+        timed.append(rows)
+        return KernelTiming(rows, 1.0, wins.get(rows, 2.0), waits[attempt[0]])
+
+    return fake
+
+
+def test_a_timing_on_a_busy_host_is_taken_again_and_the_quiet_one_chooses(
+    medium: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(fp32_kernels, "time_kernels", attempts(0.5, MAX_CPU_WAIT, wins={1: 0.7, 2: 0.7}, timed=timed))
+    timings = choose_fp32_kernels(medium)
+    assert timed == [1, 2, 3, 4] * 2  # timed twice; the second, at the limit, counts as quiet
+    assert fp32_f_linear_rows() == frozenset({1, 2})
+    assert not any(t.busy_host for t in timings)
+
+
+def test_a_host_busy_through_every_attempt_keeps_the_packed_path(
+    medium: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[int] = []
+    waits = [0.5] * ATTEMPTS
+    monkeypatch.setattr(fp32_kernels, "time_kernels", attempts(*waits, wins={1: 0.5}, timed=timed))
+    set_fp32_f_linear_rows(frozenset({3}))
+    timings = choose_fp32_kernels(medium)
+    assert timed == [1, 2, 3] * ATTEMPTS
+    assert fp32_f_linear_rows() == frozenset()  # no win taken from a busy host, none kept from before
+    assert all(t.busy_host for t in timings)
+
+
+def test_an_unknown_cpu_wait_counts_as_quiet(medium: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[int] = []
+    monkeypatch.setattr(fp32_kernels, "time_kernels", attempts(None, wins={1: 0.5}, timed=timed))
+    choose_fp32_kernels(medium)
+    assert timed == [1, 2, 3] and fp32_f_linear_rows() == frozenset({1})
+
+
+@pytest.mark.skipif(cpu_wait.run_queue_wait_s() is None, reason="this OS does not report run-queue waits")
+def test_the_real_timing_sees_a_busy_host(medium: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The small model's passes take about a millisecond: more of them, so the scheduler has to share the cores
+    # (a thread that slept runs ahead of the spinners for a few milliseconds before it waits its turn).
+    monkeypatch.setattr(fp32_kernels, "PASSES", 150)
+    monkeypatch.setattr(fp32_kernels, "MAX_ROWS", 2)
+    set_fp32_f_linear_rows(frozenset({3}))
+    with busy_host():
+        timings = choose_fp32_kernels(medium)
+    assert any(t.busy_host for t in timings), timings  # one busy row count discards the whole timing
+    assert fp32_f_linear_rows() == frozenset()
 
 
 def test_nothing_is_timed_for_bf16_or_a_model_too_small_to_pack(monkeypatch: pytest.MonkeyPatch) -> None:

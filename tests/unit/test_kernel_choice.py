@@ -10,8 +10,8 @@ import torch
 from packed_models import MEDIUM
 
 import specdec.hub.kernel_choice as kernel_choice
-from specdec.hub.kernel_choice import CHOICE_FILE, choose_fp32_kernels_once
-from specdec.nn.fp32_kernels import KernelTiming
+from specdec.hub.kernel_choice import CHOICE_FILE, choose_fp32_kernels_once, host_key
+from specdec.nn.fp32_kernels import KernelTiming, product_shapes, timed_products
 from specdec.nn.packed_linear import fp32_f_linear_rows, mkldnn_available, set_fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 
@@ -107,6 +107,47 @@ def test_a_home_that_cannot_be_written_costs_only_the_timing(
     assert choose_fp32_kernels_once(medium, home) == {1, 2}
     assert choose_fp32_kernels_once(medium, home) == {1, 2}
     assert len(timings) == 2
+
+
+def test_a_choice_timed_on_a_busy_host_is_used_but_not_kept(
+    medium: Transformer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[Transformer] = []
+
+    def busy(model: Transformer) -> list[KernelTiming]:
+        calls.append(model)
+        set_fp32_f_linear_rows(frozenset())
+        return [KernelTiming(1, 1.0, 0.5, cpu_wait=0.4), KernelTiming(2, 1.0, 1.5, cpu_wait=0.0)]
+
+    monkeypatch.setattr(kernel_choice, "choose_fp32_kernels", busy)
+    assert choose_fp32_kernels_once(medium, tmp_path) == frozenset()
+    assert not (tmp_path / CHOICE_FILE).exists()
+    assert choose_fp32_kernels_once(medium, tmp_path) == frozenset()
+    assert len(calls) == 2  # timed again, since nothing was kept
+
+
+def test_the_wait_is_kept_with_the_timings(
+    medium: Transformer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def quiet(model: Transformer) -> list[KernelTiming]:
+        set_fp32_f_linear_rows(frozenset({1}))
+        return [KernelTiming(1, 1.0, 0.5, cpu_wait=0.012345), KernelTiming(2, 1.0, 1.5), KernelTiming(3, 1.0, 1.5)]
+
+    monkeypatch.setattr(kernel_choice, "choose_fp32_kernels", quiet)
+    assert choose_fp32_kernels_once(medium, tmp_path) == {1}
+    (entry,) = json.loads((tmp_path / CHOICE_FILE).read_text())["hosts"].values()
+    assert [t["cpu_wait"] for t in entry["timings_ms"]] == [0.0123, None, None]
+
+
+def test_a_format_1_record_is_timed_over(medium: Transformer, timings: list[Transformer], tmp_path: Path) -> None:
+    """Format 1 kept timings without checking the host was quiet: one such record held a 1.8x slower kernel."""
+    key = host_key(product_shapes(timed_products(medium)))
+    old = {"format": 1, "hosts": {key: {"f_linear_rows": [3], "timings_ms": [], "measured_utc": "then"}}}
+    (tmp_path / CHOICE_FILE).write_text(json.dumps(old))
+    assert choose_fp32_kernels_once(medium, tmp_path) == {1, 2}
+    assert len(timings) == 1
+    record = json.loads((tmp_path / CHOICE_FILE).read_text())
+    assert record["format"] == kernel_choice.FORMAT == 2 and record["hosts"][key]["f_linear_rows"] == [1, 2]
 
 
 def test_nothing_to_choose_reads_and_writes_nothing(timings: list[Transformer], tmp_path: Path) -> None:
