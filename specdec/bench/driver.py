@@ -38,6 +38,8 @@ from specdec.bench.runner import PLAIN, EngineRunner, Runner, RunRecord, RunSpec
 from specdec.bench.suites import Workload, build_workload
 from specdec.draft_length import CALIBRATION
 from specdec.host_allocator import keep_freed_memory
+from specdec.hub.kernel_choice import cpu_model
+from specdec.nn.packed_linear import fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
@@ -203,6 +205,8 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "model": options.model,
         "contracts": options.contracts,
         "allocator": keep_freed_memory(),  # what the CLI or run_bench set: every later call reports it
+        "cpu": cpu_model(),
+        "fp32_f_linear_rows": sorted(fp32_f_linear_rows()),  # the kernel choice float32 products ran under
     }
 
 
@@ -471,14 +475,15 @@ def run(args: argparse.Namespace) -> int:
     peer: TransformersPeer | None = None
     peer_reason = "disabled (--no-peer)"
     try:
+        # The target first, alone: a first float32 load times its kernels (specdec.nn.fp32_kernels), and the peer's
+        # loading beside it would make that timing a busy host's, not used (the peer loads while suites tokenize).
+        target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
+        configure_target(target, batch_invariant=options.batch_invariant, verify_attention=options.verify_attention)
         if options.peer and 1 in options.batch_sizes and 0.0 in options.temperatures:
-            # Started first: it loads the GGUF (~30 s) while the target loads and the suites are tokenized.
             gguf = ModelStore().source_gguf(options.model)
             peer = TransformersPeer(gguf, dtype=options.dtype, threads=torch.get_num_threads())
         elif options.peer:
             peer_reason = "the peer runs batch 1 greedy only, and this run has none"
-        target, tokenizer = load(options.model, dtype=options.torch_dtype, download=False)
-        configure_target(target, batch_invariant=options.batch_invariant, verify_attention=options.verify_attention)
     except (ModelStoreError, UnknownModelError) as exc:
         print(f"specdec bench: {exc} (pull it first: specdec models pull {options.model})", file=sys.stderr)
         if peer is not None:

@@ -297,6 +297,22 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _cpu_phrase(env: dict[str, Any]) -> str:
+    """The CPU by name where the report recorded it (reports from before did not)."""
+    cores = f"{env['cpu_count']} CPU core(s)"
+    return f"{cores} ({env['cpu']})" if env.get("cpu") else cores
+
+
+def _fp32_kernel_phrase(env: dict[str, Any]) -> str:
+    """Which kernel float32 products of a few rows ran on (``specdec.nn.fp32_kernels``): it moves every figure."""
+    if env.get("dtype") != "float32" or "fp32_f_linear_rows" not in env:
+        return ""
+    rows = env["fp32_f_linear_rows"]
+    if not rows:
+        return " (every float32 product on the packed kernel)"
+    return f" (float32 products of {', '.join(map(str, rows))} row(s) on `F.linear`, the rest on the packed kernel)"
+
+
 def _k_phrase(cfg: dict[str, Any]) -> str:
     """K, and the longer K of a prompt-lookup match where ``-O lookup_drafts`` raised it past the drafters'."""
     k = cfg["k"]
@@ -333,9 +349,10 @@ def render_markdown(report: dict[str, Any], *, image_dir: str = ".") -> str:
         f"Command: `{report['command']}`",
         "",
         *(["**Interrupted**: partial results from the runs that finished.", ""] if report.get("interrupted") else []),
-        f"Run {report['created_utc']} on {env['platform']}, {env['cpu_count']} CPU core(s), torch {env['torch']}, "
-        f"{env['threads']} thread(s); target `{env['model']}` in {env['dtype']}; contracts `{env['contracts']}` "
-        f"during timing; {_k_phrase(cfg)}; at most {cfg['max_tokens']} new tokens (greedy runs stop as "
+        f"Run {report['created_utc']} on {env['platform']}, {_cpu_phrase(env)}, torch {env['torch']}, "
+        f"{env['threads']} thread(s); target `{env['model']}` in {env['dtype']}{_fp32_kernel_phrase(env)}; "
+        f"contracts `{env['contracts']}` during timing; {_k_phrase(cfg)}; at most {cfg['max_tokens']} new tokens "
+        "(greedy runs stop as "
         "`specdec generate`; sampled ones decode all of them, the same work for every runner); "
         f"{cfg['repeats']} interleaved round(s) per batch; host allocator: {env.get('allocator', 'not recorded')}.",
         "",

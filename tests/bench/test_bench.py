@@ -40,6 +40,7 @@ from specdec.bench.runner import PLAIN, EngineRunner, RunRecord, RunSpec, interl
 from specdec.bench.suites import Batch, BenchPrompt, Workload, build_workload
 from specdec.cli.main import main
 from specdec.nn.config import ModelConfig
+from specdec.nn.packed_linear import mkldnn_bf16_available
 from specdec.nn.transformer import Transformer
 
 # -- pieces ----------------------------------------------------------------------------------------------------
@@ -428,6 +429,57 @@ def test_render_and_write_docs_mistakes_are_one_line_errors(
     assert json.loads((tmp_path / "run" / "bench.json").read_text()) == json.loads(json.dumps(tiny_report))
 
 
+def test_the_target_loads_before_the_peer_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first float32 load times its kernels; the peer loading beside it would make that a busy host's timing."""
+    import specdec.bench.peer
+    import specdec.hub
+    from specdec.hub import ModelStoreError
+
+    order: list[str] = []
+
+    def fake_load(name: str, **kwargs: object) -> tuple[Transformer, object]:
+        order.append("target")
+        return Transformer(ModelConfig.tiny(), seed=0), object()
+
+    class FakeStore:
+        def source_gguf(self, name: str) -> Path:
+            return tmp_path / "model.gguf"
+
+    def fake_peer(gguf: Path, **kwargs: object) -> None:
+        order.append("peer")
+        raise ModelStoreError("stop here")
+
+    monkeypatch.setattr(specdec.hub, "load", fake_load)
+    monkeypatch.setattr(specdec.hub, "ModelStore", FakeStore)
+    monkeypatch.setattr(specdec.bench.peer, "TransformersPeer", fake_peer)
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out")]) == 1
+    assert order == ["target", "peer"]
+    assert "stop here" in capsys.readouterr().err
+
+
+def test_the_header_names_the_cpu_and_the_float32_kernel_choice(tiny_report: dict[str, object]) -> None:
+    report: dict[str, Any] = json.loads(json.dumps(tiny_report))
+    env = report["environment"]
+    assert env["cpu"] and env["fp32_f_linear_rows"] == sorted(env["fp32_f_linear_rows"])
+
+    def header(**changes: object) -> str:
+        report["environment"] = {**env, **changes}
+        return render_markdown(report).split("\n\n")[1]
+
+    assert f"core(s) ({env['cpu']})" in header()
+    assert "(every float32 product on the packed kernel)" in header(dtype="float32", fp32_f_linear_rows=[])
+    assert "of 1, 2 row(s) on `F.linear`, the rest on the packed kernel" in header(
+        dtype="float32", fp32_f_linear_rows=[1, 2]
+    )
+    assert "kernel" not in header(dtype="bfloat16", fp32_f_linear_rows=[1])  # bf16 always packs
+    older = {k: v for k, v in env.items() if k not in ("cpu", "fp32_f_linear_rows")}
+    report["environment"] = older  # a report from before they were recorded
+    line = render_markdown(report).split("\n\n")[1]
+    assert "CPU core(s), torch" in line and "kernel" not in line
+
+
 def test_the_report_names_a_lookups_longer_k(tiny_report: dict[str, object]) -> None:
     report: dict[str, Any] = json.loads(json.dumps(tiny_report))
     k = report["config"]["k"]
@@ -460,6 +512,10 @@ def test_options_render_the_command_that_reproduces_them() -> None:
     target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0, dtype=torch.bfloat16)
     configure_target(target, batch_invariant=batched.batch_invariant, verify_attention=batched.verify_attention)
     assert not target.exact_verify and not target.batch_invariant
+    if not mkldnn_bf16_available():  # an AVX2-only CPU: the bench turns this into a one-line usage error
+        with pytest.raises(ValueError, match="batch_invariant needs oneDNN's packed bf16 matmul"):
+            configure_target(target, batch_invariant=exact.batch_invariant, verify_attention=exact.verify_attention)
+        return
     configure_target(target, batch_invariant=exact.batch_invariant, verify_attention=exact.verify_attention)
     assert target.exact_verify and target.batch_invariant
 
