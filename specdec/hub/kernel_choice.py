@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from specdec.nn.fp32_kernels import choose_fp32_kernels, product_shapes, timed_products
+from specdec.nn.fp32_kernels import choose_fp32_kernels, product_shapes, timed_on_busy_host, timed_products
 from specdec.nn.packed_linear import set_fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 
@@ -74,7 +74,7 @@ def choose_fp32_kernels_once(model: Transformer, home: Path) -> frozenset[int] |
         set_fp32_f_linear_rows(rows)
         return rows
     timings = choose_fp32_kernels(model)
-    if any(t.busy_host for t in timings):
+    if timed_on_busy_host(timings):
         return frozenset()  # the packed path for now; a later load on a quiet host times and keeps the choice
     rows = frozenset(t.rows for t in timings if t.f_linear_wins)
     entries[key] = {

@@ -77,6 +77,11 @@ class KernelTiming:
         return self.cpu_wait is not None and self.cpu_wait > MAX_CPU_WAIT
 
 
+def timed_on_busy_host(timings: Sequence[KernelTiming]) -> bool:
+    """Whether any row count of a timing was taken on a busy host: then none of it is used or kept."""
+    return any(t.busy_host for t in timings)
+
+
 def timed_products(model: Transformer) -> Products:
     """The decode products whose kernel is chosen: none for a non-fp32 model, without oneDNN, or where no product
     takes the packed path (the test matrix's tiny models)."""
@@ -103,7 +108,7 @@ def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
         return []
     for _ in range(ATTEMPTS):
         timings = time_row_counts(products)
-        if not any(t.busy_host for t in timings):
+        if not timed_on_busy_host(timings):
             set_fp32_f_linear_rows(frozenset(t.rows for t in timings if t.f_linear_wins))
             return timings
     set_fp32_f_linear_rows(frozenset())
