@@ -35,6 +35,7 @@ from typing import Any, TypedDict, Unpack
 import torch
 
 from specdec.engine import Engine, EngineConfig
+from specdec.nn.packed_linear import fp32_kernel_choice
 from specdec.nn.transformer import Transformer
 from specdec.scheduler import SchedulerConfig
 
@@ -85,6 +86,8 @@ class DecodeBench:
     sides: list[SideTiming]
     tokens_agree: dict[str, bool]
     """Per dtype, whether engine and transformers produced the same greedy tokens (absent without a reference)."""
+    fp32_kernels: str = ""
+    """Which kernel the engine's float32 products of a few rows ran on (``fp32_kernel_choice``); "" without float32."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "sides"}
@@ -364,6 +367,7 @@ def measure(
         os.getloadavg(),
         timings,
         agree,
+        fp32_kernel_choice() if "float32" in dtypes else "",
     )
 
 
@@ -372,7 +376,8 @@ def format_report(bench: DecodeBench) -> str:
     lines = [
         f"{bench.model}: batch 1 greedy, {bench.prompt_tokens}-token prompt, {bench.new_tokens} new tokens, "
         f"{bench.threads} thread(s), medians of {bench.repeats} rounds; load average "
-        f"{bench.load_before[0]:.1f} before, {bench.load_after[0]:.1f} after",
+        f"{bench.load_before[0]:.1f} before, {bench.load_after[0]:.1f} after"
+        + (f"; engine float32: {bench.fp32_kernels}" if bench.fp32_kernels else ""),
         f"{'':<22}{'decode ms/token (best)':>24}{'cpu':>7}{'prefill':>9}"
         + "".join(f"{f'verify {q} (cpu)':>17}" for q in lens),
     ]

@@ -39,7 +39,7 @@ from specdec.bench.suites import Workload, build_workload
 from specdec.draft_length import CALIBRATION
 from specdec.host_allocator import keep_freed_memory
 from specdec.hub.kernel_choice import cpu_model
-from specdec.nn.packed_linear import fp32_f_linear_rows
+from specdec.nn.packed_linear import fp32_f_linear_rows, mkldnn_available
 from specdec.nn.transformer import Transformer
 from specdec.speculator import Speculator
 
@@ -207,6 +207,7 @@ def environment(options: BenchOptions) -> dict[str, Any]:
         "allocator": keep_freed_memory(),  # what the CLI or run_bench set: every later call reports it
         "cpu": cpu_model(),
         "fp32_f_linear_rows": sorted(fp32_f_linear_rows()),  # the kernel choice float32 products ran under
+        "onednn": mkldnn_available(),  # without it every float32 product ran on F.linear
     }
 
 

@@ -32,6 +32,7 @@ from specdec.draft_decisions import NO_DRAFTS
 from specdec.draft_length import DraftLengthPolicy
 from specdec.engine import DRAFT_LENGTHS as ENGINE_DRAFT_LENGTHS
 from specdec.metrics import SpeculationCounters
+from specdec.nn.packed_linear import fp32_kernel_choice
 from specdec.shadow_drafts import FreeDraft
 from specdec.speculator import ContextTaker
 
@@ -401,7 +402,9 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
     print(
-        f"{args.model} in {args.dtype}, {torch.get_num_threads()} thread(s), {args.suite} x {len(prompts)} prompts "
+        f"{args.model} in {args.dtype}"
+        + (f" ({fp32_kernel_choice()})" if args.dtype == "float32" else "")
+        + f", {torch.get_num_threads()} thread(s), {args.suite} x {len(prompts)} prompts "
         f"{'alone' if args.batch_size == 1 else f'in batches of {args.batch_size}'}, "
         f"{'greedy' if args.temperature == 0 else f'T = {args.temperature:g}'}, K = {args.num_spec_tokens} "
         f"({', '.join(lengths)}), "

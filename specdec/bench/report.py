@@ -17,6 +17,7 @@ from specdec.bench.lossless import is_tie
 from specdec.bench.runner import PLAIN, RunRecord, pair_ratios
 from specdec.draft_decisions import KINDS, count_decisions
 from specdec.metrics import SpeculationCounters
+from specdec.nn.packed_linear import fp32_kernel_choice
 
 HEADLINE_SUITE = "humaneval"
 
@@ -307,10 +308,7 @@ def _fp32_kernel_phrase(env: dict[str, Any]) -> str:
     """Which kernel float32 products of a few rows ran on (``specdec.nn.fp32_kernels``): it moves every figure."""
     if env.get("dtype") != "float32" or "fp32_f_linear_rows" not in env:
         return ""
-    rows = env["fp32_f_linear_rows"]
-    if not rows:
-        return " (every float32 product on the packed kernel)"
-    return f" (float32 products of {', '.join(map(str, rows))} row(s) on `F.linear`, the rest on the packed kernel)"
+    return f" ({fp32_kernel_choice(env['fp32_f_linear_rows'], onednn=env.get('onednn', True))})"
 
 
 def _k_phrase(cfg: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ plain ``F.linear``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -120,6 +120,20 @@ def set_fp32_f_linear_rows(rows: frozenset[int]) -> None:
     if any(r < 1 for r in rows):
         raise ValueError(f"row counts must be >= 1, got {sorted(rows)}")
     _FP32_F_LINEAR_ROWS = frozenset(rows)
+
+
+def fp32_kernel_choice(rows: Iterable[int] | None = None, *, onednn: bool | None = None) -> str:
+    """Which kernel float32 products of a few rows ran on, in words: it moves every float32 timing on a CPU.
+
+    ``rows`` is a ``fp32_f_linear_rows()`` value and ``onednn`` a
+    ``mkldnn_available()`` one, as a report kept them; each left out is this process's.
+    """
+    rows = sorted(_FP32_F_LINEAR_ROWS if rows is None else rows)
+    if not (_MKLDNN if onednn is None else onednn):
+        return "every float32 product on `F.linear` (this torch has no oneDNN)"
+    if not rows:
+        return "every float32 product on the packed kernel"
+    return f"float32 products of {', '.join(map(str, rows))} row(s) on `F.linear`, the rest on the packed kernel"
 
 
 class PackedLinear:

@@ -40,7 +40,7 @@ from specdec.bench.runner import PLAIN, EngineRunner, RunRecord, RunSpec, interl
 from specdec.bench.suites import Batch, BenchPrompt, Workload, build_workload
 from specdec.cli.main import main
 from specdec.nn.config import ModelConfig
-from specdec.nn.packed_linear import mkldnn_bf16_available
+from specdec.nn.packed_linear import mkldnn_available, mkldnn_bf16_available
 from specdec.nn.transformer import Transformer
 
 # -- pieces ----------------------------------------------------------------------------------------------------
@@ -463,6 +463,7 @@ def test_the_header_names_the_cpu_and_the_float32_kernel_choice(tiny_report: dic
     report: dict[str, Any] = json.loads(json.dumps(tiny_report))
     env = report["environment"]
     assert env["cpu"] and env["fp32_f_linear_rows"] == sorted(env["fp32_f_linear_rows"])
+    assert env["onednn"] is mkldnn_available()
 
     def header(**changes: object) -> str:
         report["environment"] = {**env, **changes}
@@ -474,6 +475,9 @@ def test_the_header_names_the_cpu_and_the_float32_kernel_choice(tiny_report: dic
         dtype="float32", fp32_f_linear_rows=[1, 2]
     )
     assert "kernel" not in header(dtype="bfloat16", fp32_f_linear_rows=[1])  # bf16 always packs
+    assert "(every float32 product on `F.linear` (this torch has no oneDNN))" in header(
+        dtype="float32", fp32_f_linear_rows=[], onednn=False
+    )
     older = {k: v for k, v in env.items() if k not in ("cpu", "fp32_f_linear_rows")}
     report["environment"] = older  # a report from before they were recorded
     line = render_markdown(report).split("\n\n")[1]

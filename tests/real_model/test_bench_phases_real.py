@@ -15,6 +15,7 @@ from real_models import SMOLLM2, PulledModel, smollm2  # noqa: F401  (fixture)
 import specdec.backend_registry
 from backends.lookup_first import LookupFirst
 from specdec.cli.main import main
+from specdec.nn.packed_linear import fp32_kernel_choice
 
 
 def test_options_reach_the_factory_and_the_target(
@@ -36,10 +37,13 @@ def test_options_reach_the_factory_and_the_target(
     assert main([*argv, "--rounds", "1", *given]) == 0
     assert made and all(isinstance(s, LookupFirst) and s.min_match == 3 for _, s in made)
     assert all(t.batch_invariant and not t.exact_verify for t, _ in made)
-    assert "| dflash |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| dflash |" in out
+    assert out.startswith(f"{SMOLLM2} in float32 ({fp32_kernel_choice()}), 2 thread(s)")
 
     made.clear()
-    assert main([*argv, "--rounds", "1"]) == 0
+    assert main([*argv, "--rounds", "1", "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.startswith(f"{SMOLLM2} in bfloat16, ")  # bf16 always packs: no kernel phrase
     assert made and not any(isinstance(s, LookupFirst) for _, s in made)
     assert not any(t.batch_invariant or not t.exact_verify for t, _ in made)
 

@@ -19,6 +19,7 @@ from specdec.nn.fp32_kernels import ATTEMPTS, MARGIN, MAX_CPU_WAIT, KernelTiming
 from specdec.nn.packed_linear import (
     PackedLinear,
     fp32_f_linear_rows,
+    fp32_kernel_choice,
     mkldnn_available,
     set_fp32_f_linear_rows,
 )
@@ -188,3 +189,14 @@ def test_run_takes_f_linear_exactly_at_the_chosen_row_counts(rows: int) -> None:
 def test_a_bad_row_count_is_refused() -> None:
     with pytest.raises(ValueError, match="row counts must be >= 1"):
         set_fp32_f_linear_rows(frozenset({0, 2}))
+
+
+def test_the_kernel_choice_in_words_is_this_process_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_fp32_f_linear_rows(frozenset({2, 1}))
+    mine = fp32_kernel_choice()
+    assert mine == fp32_kernel_choice([1, 2], onednn=packed_linear.mkldnn_available())
+    assert fp32_kernel_choice([2, 1]) == "float32 products of 1, 2 row(s) on `F.linear`, the rest on the packed kernel"
+    assert fp32_kernel_choice([]) == "every float32 product on the packed kernel"
+    assert fp32_kernel_choice([1], onednn=False) == "every float32 product on `F.linear` (this torch has no oneDNN)"
+    monkeypatch.setattr(packed_linear, "_MKLDNN", False)  # a torch without oneDNN runs no packed product at all
+    assert fp32_kernel_choice() == fp32_kernel_choice([], onednn=False)
