@@ -10,6 +10,7 @@ from busy_host import busy_host
 
 import specdec.cpu_wait as cpu_wait
 from specdec.cpu_wait import CpuWait, run_queue_wait_s
+from specdec.nn.fp32_kernels import MAX_CPU_WAIT
 
 
 def _work() -> None:
@@ -25,7 +26,8 @@ def test_a_competing_job_shows_as_waiting() -> None:
     with CpuWait() as quiet:
         _work()
     assert busy.share is not None and quiet.share is not None
-    assert busy.share > 0.25, busy
+    # Beside a job as large as ours the share reads 0.24-0.5; what matters is that the kernel timing's limit sees it.
+    assert busy.share > 2 * MAX_CPU_WAIT, busy
     assert quiet.share < busy.share, (quiet, busy)  # not 0: the test's host may run other jobs
     assert busy.wall_s > 0 and quiet.wall_s > 0
 
