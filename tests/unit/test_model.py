@@ -677,11 +677,14 @@ def test_packed_linear_follows_weight_updates_and_keeps_autograd() -> None:
 
     leaf = x.clone().requires_grad_(True)
     assert not PackedLinear.applies(leaf, (w,))  # autograd needs F.linear
+    packed.run(x, (w,))  # w packed and found fit: a later call with it checks only the input's side
     packed.run(leaf, (w,))[0].sum().backward()
     assert leaf.grad is not None
     torch.testing.assert_close(leaf.grad, w.sum(0).expand(4, 256), atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         assert PackedLinear.applies(leaf, (w,))
+    big = torch.randn(FP32_PACKED_ROWS[1] + 1, 256, generator=g)  # a prefill's rows, after w was packed
+    assert torch.equal(packed.run(big, (w,))[0], F.linear(big, w))  # F.linear itself, not the packed kernel
 
 
 @needs_onednn
