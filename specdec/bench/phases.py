@@ -2,10 +2,11 @@
 
 ``specdec bench`` says how fast each backend is; this says why. Every engine
 step's wall time is split into the target's forward (a decode row for plain
-decoding, K + 1 verify rows for a backend), the drafter's proposal (or, on a
-step where nobody drafts, its ``take_context``), the draft-length policy's
-decision (``adaptive`` and ``idle``: it runs on every step) and the rest of the
-engine (scheduling, verification, bookkeeping). Rounds alternate the runner order
+decoding, K + 1 verify rows for a backend), its LM head over the rows the
+engine samples or verifies, the drafter's proposal (or, on a step where nobody
+drafts, its ``take_context``), the draft-length policy's decision (``adaptive``
+and ``idle``: it runs on every step) and the rest of the engine (scheduling,
+verification, bookkeeping). Rounds alternate the runner order
 like the bench. The break-even tau of a backend is its step time over plain
 decoding's: a drafter below it makes decoding slower.
 
@@ -96,6 +97,8 @@ class PhaseTimes:
     steps: int = 0
     wall: float = 0.0
     target: float = 0.0
+    lm_head: float = 0.0
+    """The target's LM head (``compute_logits``) outside a proposal: vocabulary-wide, 10% of a float32 decode step."""
     propose: float = 0.0
     decide: float = 0.0
     """In the draft-length policy's choice (``adaptive``, ``idle``): a host cost every step pays, drafting or not."""
@@ -103,10 +106,12 @@ class PhaseTimes:
     prefill_steps: int = 0
     prefill_wall: float = 0.0
     speculation: SpeculationCounters = field(default_factory=SpeculationCounters)
+    open_phases: list[str] = field(default_factory=list, repr=False, compare=False)
+    """The timed phases a call is inside now (``timed``), so a phase met inside another is not counted twice."""
 
     @property
     def rest(self) -> float:
-        return self.wall - self.target - self.propose - self.decide
+        return self.wall - self.target - self.lm_head - self.propose - self.decide
 
     @property
     def total_wall(self) -> float:
@@ -155,15 +160,20 @@ class RunnerPhases:
         return self.speculation.drafted / sum(r.steps for r in self.rounds)
 
 
-def timed(fn: Callable[..., Any], times: PhaseTimes, attr: str) -> Callable[..., Any]:
-    """``fn`` that adds its wall time to ``times.<attr>``."""
+def timed(fn: Callable[..., Any], times: PhaseTimes, attr: str, *, not_within: str | None = None) -> Callable[..., Any]:
+    """``fn`` that adds its wall time to ``times.<attr>``, except in a call made within the phase ``not_within``
+    (a drafter scoring the target's whole LM head: that time is the proposal's)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not_within is not None and not_within in times.open_phases:
+            return fn(*args, **kwargs)
+        times.open_phases.append(attr)
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             setattr(times, attr, getattr(times, attr) + time.perf_counter() - start)
+            times.open_phases.pop()
 
     return wrapper
 
@@ -193,6 +203,9 @@ def run_phases(
     own = "forward" in vars(target)
     forward = target.forward
     target.forward = timed(forward, times, "target")
+    own_head = "compute_logits" in vars(target)
+    compute_logits = target.compute_logits
+    target.compute_logits = timed(compute_logits, times, "lm_head", not_within="propose")
     choose = policy.choose if policy is not None else None
     own_choose = policy is not None and "choose" in vars(policy)
     if policy is not None:
@@ -220,12 +233,12 @@ def run_phases(
             with torch.inference_mode():
                 while engine.has_work:
                     prefill = any(r.in_prefill for r in requests if r.finish_reason is None)
-                    before = (times.target, times.propose, times.decide)
+                    before = (times.target, times.lm_head, times.propose, times.decide)
                     start = time.perf_counter()
                     engine.step()
                     took = time.perf_counter() - start
                     if prefill:  # counted whole, apart from the decode steps' phases
-                        times.target, times.propose, times.decide = before
+                        times.target, times.lm_head, times.propose, times.decide = before
                         times.prefill_wall += took
                         times.prefill_steps += 1
                     else:
@@ -238,6 +251,10 @@ def run_phases(
             target.forward = forward
         else:
             del target.forward  # the class's forward again
+        if own_head:
+            target.compute_logits = compute_logits
+        else:
+            del target.compute_logits
         if own_choose:
             policy.choose = choose  # type: ignore[method-assign,union-attr]
         elif policy is not None:
@@ -250,9 +267,9 @@ def report(runners: Sequence[RunnerPhases]) -> str:
     plain = next(r for r in runners if r.name == PLAIN)
     base = plain.per_step_ms("wall")
     lines = [
-        "| runner | ms per step | target forward | proposal | decision | engine rest | drafts per step | tau "
+        "| runner | ms per step | target forward | LM head | proposal | decision | engine rest | drafts per step | tau "
         "| prefill ms | tokens/s | vs plain | break-even tau |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runners:
         wall = r.per_step_ms("wall")
@@ -264,7 +281,8 @@ def report(runners: Sequence[RunnerPhases]) -> str:
             tau = f"{r.speculation.acceptance_length:.2f}" if r.speculation.drafted else "-"
             even = f"{wall / base:.2f}"
         lines.append(
-            f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {propose} | {decide} | {r.per_step_ms('rest'):.1f} "
+            f"| {r.name} | {wall:.1f} | {r.per_step_ms('target'):.1f} | {r.per_step_ms('lm_head'):.1f} | {propose} "
+            f"| {decide} | {r.per_step_ms('rest'):.1f} "
             f"| {drafts} | {tau} | {r.prefill_ms:.1f} | {r.tokens_per_s:.1f} | {r.speedup_over(plain):.3f} | {even} |"
         )
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.backend_registry import create
-from specdec.bench.phases import DraftNothing, PhaseTimes, RunnerPhases, draft_policy, report, run_phases
+from specdec.bench.phases import DraftNothing, PhaseTimes, RunnerPhases, draft_policy, report, run_phases, timed
 from specdec.draft_length import DraftLengthPolicy
 from specdec.metrics import SpeculationCounters
 from specdec.nn.config import ModelConfig
@@ -22,13 +22,13 @@ def test_phases_of_a_real_run_add_up_and_the_target_is_restored() -> None:
         max_tokens=8,
         stop_token_ids=(),
     )
-    assert "forward" not in vars(target)  # the timing wrapper is removed again
+    assert "forward" not in vars(target) and "compute_logits" not in vars(target)  # the timing wrappers are removed
     assert plain.tokens == spec.tokens == 16
     # One token per plain step: the prefill step gives each prompt's first token, 7 decode steps the rest.
     assert (plain.steps, plain.prefill_steps, plain.propose) == (14, 2, 0.0)
     assert 0 < spec.steps <= 14 and spec.prefill_steps == 2 and spec.speculation.verify_steps > 0
     for t in (plain, spec):
-        assert 0 < t.target < t.wall and t.rest > 0 and t.prefill_wall > 0
+        assert 0 < t.target < t.wall and 0 < t.lm_head < t.wall and t.rest > 0 and t.prefill_wall > 0
         assert t.total_wall == t.wall + t.prefill_wall
     assert spec.propose > 0
 
@@ -49,7 +49,8 @@ def test_phases_in_a_batch_and_sampled() -> None:
 
 def test_report_gives_the_break_even_tau() -> None:
     plain = RunnerPhases(
-        "plain", [PhaseTimes(steps=10, wall=0.2, target=0.15, tokens=11, prefill_steps=1, prefill_wall=0.02)]
+        "plain",
+        [PhaseTimes(steps=10, wall=0.2, target=0.12, lm_head=0.03, tokens=11, prefill_steps=1, prefill_wall=0.02)],
     )
     spec = RunnerPhases(
         "x",
@@ -57,7 +58,8 @@ def test_report_gives_the_break_even_tau() -> None:
             PhaseTimes(
                 steps=5,
                 wall=0.15,
-                target=0.1,
+                target=0.08,
+                lm_head=0.02,
                 propose=0.03,
                 decide=0.005,
                 tokens=11,
@@ -70,8 +72,8 @@ def test_report_gives_the_break_even_tau() -> None:
     spec.rounds[0].speculation.drafted = 15
     table = report([plain, spec]).splitlines()
     # Per-step columns leave the prefill out; tokens/s (11 tokens in 0.22 and 0.165 s) takes it in.
-    assert table[2] == "| plain | 20.0 | 15.0 | - | - | 5.0 | - | - | 20.0 | 50.0 | 1.000 | - |"
-    assert table[3] == "| x | 30.0 | 20.0 | 6.0 | 1.00 | 3.0 | 3.00 | 2.00 | 15.0 | 66.7 | 1.333 | 1.50 |"
+    assert table[2] == "| plain | 20.0 | 12.0 | 3.0 | - | - | 5.0 | - | - | 20.0 | 50.0 | 1.000 | - |"
+    assert table[3] == "| x | 30.0 | 16.0 | 4.0 | 6.0 | 1.00 | 3.0 | 3.00 | 2.00 | 15.0 | 66.7 | 1.333 | 1.50 |"
     assert spec.per_step_ms("rest") == pytest.approx(3.0)
 
 
@@ -115,3 +117,22 @@ def test_draft_lengths_idle_drafts_nothing_and_adaptive_learns_across_runs() -> 
     assert adaptive.decisions > decisions  # one policy continued by every engine, as a server keeps it
     with pytest.raises(ValueError, match="draft length must be one of fixed, adaptive, idle, got 'often'"):
         draft_policy("often", 3)
+
+
+def test_the_lm_head_inside_a_proposal_is_the_proposals_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter that scores the target's whole LM head (``--full-vocab``) calls it within its proposal."""
+    clock = iter(range(100))
+    monkeypatch.setattr("specdec.bench.phases.time.perf_counter", lambda: float(next(clock)))
+    times = PhaseTimes()
+    head = timed(lambda: None, times, "lm_head", not_within="propose")
+    propose = timed(head, times, "propose")
+    propose()  # one clock tick inside: the proposal's, and the LM head's clock is not read
+    head()  # the engine's own LM head
+    assert (times.propose, times.lm_head, times.open_phases) == (1.0, 1.0, [])
+
+
+def test_a_prefill_steps_phases_are_left_out_of_the_decode_steps() -> None:
+    target = Transformer(ModelConfig.tiny(vocab_size=32), seed=0)
+    only = run_phases(target, [[5, 9, 2], [1, 2]], lambda: None, max_tokens=1, stop_token_ids=())  # prefills only
+    assert (only.steps, only.prefill_steps, only.tokens) == (0, 2, 2) and only.prefill_wall > 0
+    assert (only.wall, only.target, only.lm_head, only.propose, only.decide) == (0.0, 0.0, 0.0, 0.0, 0.0)
