@@ -242,6 +242,7 @@ class PackedLinear:
                 plain = weights[0] if len(weights) == 1 else torch.cat(list(weights))
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(plain.detach().contiguous(), None)
             self._key = key
+            self._run_key = None  # ``run`` checks the new weights before it trusts them (``packed`` may pack any)
             self._dtype = weights[0].dtype
             self._splits = [w.shape[0] for w in weights]
         return self._packed

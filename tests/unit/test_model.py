@@ -683,6 +683,8 @@ def test_packed_linear_follows_weight_updates_and_keeps_autograd() -> None:
     torch.testing.assert_close(leaf.grad, w.sum(0).expand(4, 256), atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         assert PackedLinear.applies(leaf, (w,))
+    packed.packed((other,))  # packed by hand (as the kernel timing does): a later run with w must not use it
+    torch.testing.assert_close(packed.run(x, (w,))[0], F.linear(x, w), atol=1e-4, rtol=0)
     big = torch.randn(FP32_PACKED_ROWS[1] + 1, 256, generator=g)  # a prefill's rows, after w was packed
     assert torch.equal(packed.run(big, (w,))[0], F.linear(big, w))  # F.linear itself, not the packed kernel
 
