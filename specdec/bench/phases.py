@@ -20,9 +20,10 @@ floor of the adaptive policy's cost where drafting does not pay).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,24 @@ def timed(fn: Callable[..., Any], times: PhaseTimes, attr: str, *, not_within: s
     return wrapper
 
 
+@contextlib.contextmanager
+def timing_calls(
+    owner: object, name: str, times: PhaseTimes, attr: str, *, not_within: str | None = None
+) -> Iterator[None]:
+    """``owner.<name>`` timed into ``times.<attr>`` (``timed``) inside the block, then as it was: the owner's own
+    attribute put back, or the class's method again, so the next run times afresh."""
+    own = name in vars(owner)
+    original = getattr(owner, name)
+    setattr(owner, name, timed(original, times, attr, not_within=not_within))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
 def run_phases(
     target: Any,
     prompts: Sequence[Sequence[int]],
@@ -200,17 +219,11 @@ def run_phases(
     from specdec.sampling import SamplingParams
 
     times = PhaseTimes()
-    own = "forward" in vars(target)
-    forward = target.forward
-    target.forward = timed(forward, times, "target")
-    own_head = "compute_logits" in vars(target)
-    compute_logits = target.compute_logits
-    target.compute_logits = timed(compute_logits, times, "lm_head", not_within="propose")
-    choose = policy.choose if policy is not None else None
-    own_choose = policy is not None and "choose" in vars(policy)
-    if policy is not None:
-        policy.choose = timed(policy.choose, times, "decide")  # type: ignore[method-assign]
-    try:
+    with contextlib.ExitStack() as timing:
+        timing.enter_context(timing_calls(target, "forward", times, "target"))
+        timing.enter_context(timing_calls(target, "compute_logits", times, "lm_head", not_within="propose"))
+        if policy is not None:
+            timing.enter_context(timing_calls(policy, "choose", times, "decide"))
         for first in range(0, len(prompts), batch_size):
             batch = prompts[first : first + batch_size]
             speculator = make_speculator()
@@ -246,19 +259,6 @@ def run_phases(
                         times.steps += 1
             times.tokens += sum(len(r.output) for r in requests)
             times.speculation.add(engine.metrics)
-    finally:
-        if own:
-            target.forward = forward
-        else:
-            del target.forward  # the class's forward again
-        if own_head:
-            target.compute_logits = compute_logits
-        else:
-            del target.compute_logits
-        if own_choose:
-            policy.choose = choose  # type: ignore[method-assign,union-attr]
-        elif policy is not None:
-            del policy.choose  # the class's choose again, for the next run to time afresh
     return times
 
 
