@@ -183,41 +183,40 @@ class PackedLinear:
         (checked when they were packed) is not checked again while they are the
         ones packed: about 6 us a call less, 0.7 ms of a float32 decode step.
         """
-        if x.dim() != 2 or x.device.type != "cpu":
-            return None
-        rows, dtype = x.shape[0], x.dtype
-        if dtype is torch.float32 and rows in _FP32_F_LINEAR_ROWS:
+        if not self._call_fits(x, weights) or (x.dtype is torch.float32 and x.shape[0] in _FP32_F_LINEAR_ROWS):
             return None
         key = tuple((w.data_ptr(), w._version, w.shape) for w in weights)
-        if key != self._run_key or dtype is not self._dtype:
-            if not self.applies(x, weights):
-                return None
-            packed = self._pack(weights)
-            self._run_key = key  # these weights pass ``applies``: later calls check only the input's side
-            return packed
-        if rows == 0 or (dtype is torch.float32 and not FP32_PACKED_ROWS[0] <= rows <= FP32_PACKED_ROWS[1]):
+        if key == self._run_key and x.dtype is self._dtype:
+            return self._packed
+        if not self.applies(x, weights):
             return None
-        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
-            return None
-        return self._packed
+        packed = self._pack(weights)
+        self._run_key = key  # these weights pass ``applies``: later calls check only ``_call_fits``
+        return packed
+
+    @staticmethod
+    def _call_fits(x: Tensor, weights: Sequence[Tensor]) -> bool:
+        """The part of ``applies`` that can change from call to call with the same weights: the input's shape,
+        device and row count, and autograd (grad mode, or ``requires_grad`` set on a weight in place)."""
+        if x.dim() != 2 or x.device.type != "cpu" or x.shape[0] == 0:
+            return False
+        if x.dtype == torch.float32 and not FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1]:
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
 
     @staticmethod
     def applies(x: Tensor, weights: Sequence[Tensor]) -> bool:
         """The packed path: CPU, oneDNN, 2-D input, one dtype, no autograd, and bf16 (where the CPU has oneDNN's
         bf16 matmul) or a small fp32 batch."""
-        if not _MKLDNN or x.dim() != 2 or x.device.type != "cpu" or x.shape[0] == 0:
+        if not _MKLDNN or not PackedLinear._call_fits(x, weights):
             return False
         dtype = x.dtype
         if dtype == torch.float32:
-            if not FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1]:
-                return False
             if sum(w.numel() for w in weights) < FP32_PACKED_MIN_WEIGHT:
                 return False
         elif dtype != torch.bfloat16 or not _MKLDNN_BF16:
             return False
-        if any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights):
-            return False
-        return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+        return not any(w.dtype != dtype or w.device.type != "cpu" or w.dim() != 2 for w in weights)
 
     def packed(self, weights: Sequence[Tensor]) -> Tensor:
         """The packed copy of ``weights`` (one matrix), packing it now if it is missing or stale."""
