@@ -1,6 +1,6 @@
 """The fp32 kernel choice remembered per host and model shape in ``$SPECDEC_HOME``, so a load times it once.
 
-``specdec.nn.fp32_kernels`` times both fp32 kernels on a loaded model (~1.4 s
+``specdec.nn.fp32_kernels`` times both fp32 kernels on a loaded model (1.2-1.4 s
 on two cores, a third of loading a cached model) and the choice holds for as
 long as the host, torch, the thread count and the model's weight shapes stay
 the same. So ``load`` keeps it in ``fp32-kernels.json`` under that key and
@@ -12,7 +12,8 @@ read-only home) only costs the timing next time.
 
 A timing taken on a busy host is never kept (``KernelTiming.busy_host``): kept,
 it would hold a wrong choice for every later process. Format 1 records were kept
-without that check, so they are timed over once.
+without that check, and format 2 ones without a prefill's timing, so they are
+timed over once.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from specdec.nn.packed_linear import set_fp32_f_linear_rows
 from specdec.nn.transformer import Transformer
 
 CHOICE_FILE = "fp32-kernels.json"
-FORMAT = 2
-"""2: every kept timing was taken on a quiet host (1 did not check, so its records are timed over)."""
+FORMAT = 3
+"""3: the timings include a prefill's (2 had none, and 1 did not check the host was quiet): older are timed over."""
 
 
 def cpu_model() -> str:

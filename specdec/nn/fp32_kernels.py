@@ -1,4 +1,4 @@
-"""Which fp32 kernel multiplies a few rows faster on this host, timed on the loaded model's own decode products.
+"""Which fp32 kernel multiplies faster on this host, timed on the loaded model's own products.
 
 A decode step multiplies one row per request by every weight of the model,
 and a verify step 1 + K rows. Which kernel does that faster depends on the CPU,
@@ -18,6 +18,13 @@ row count take it (``specdec.nn.packed_linear.set_fp32_f_linear_rows``), in
 every model of the process. A narrower win could flip between processes on a
 shared host's noise and change logits' last bits from one run to the next.
 
+A prefill's products are timed once more, at ``FP32_PREFILL_CHUNK`` rows (the
+pieces a prefill is multiplied in), on the first decoder layer's products
+repeated ``PREFILL_REPEATS`` times (``Transformer.prefill_products``); where
+``F.linear`` wins there by the same margin, every fp32 prefill takes it. On
+the AVX2 host the packed path took 0.86-0.90x MKL's time at 256 rows, and
+a prompt's whole prefill 0.82x.
+
 A timing taken while another job competes for the cores is not used
 (``specdec.cpu_wait``): where the threads waited for a CPU more than
 ``MAX_CPU_WAIT`` of the time, the row counts are timed again, and where the
@@ -36,7 +43,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec.cpu_wait import CpuWait
-from specdec.nn.packed_linear import PackedLinear, mkldnn_available, packed_product, set_fp32_f_linear_rows
+from specdec.nn.packed_linear import (
+    FP32_PREFILL_CHUNK,
+    PackedLinear,
+    mkldnn_available,
+    packed_product,
+    set_fp32_f_linear_rows,
+)
 from specdec.nn.transformer import Transformer
 
 MAX_ROWS = 8
@@ -51,6 +64,9 @@ MAX_CPU_WAIT = 0.05
 Idle, the share reads 0.00-0.01; beside another two-thread job on two cores,
 0.5. The packed kernel's one-row product suffers far more than ``F.linear``'s
 from that (40x against 1.15x its quiet time, measured on two AMD EPYC cores)."""
+PREFILL_REPEATS = 4
+"""The prefill timing's pass multiplies one layer's products this many times: ~45 ms a pass on two AVX2 cores
+(one layer once, ~11 ms, read 0.73-0.95x between passes where the whole model read 0.77-0.89x)."""
 ATTEMPTS = 2
 """Timings of the row counts at most, when the first was taken on a busy host."""
 
@@ -85,9 +101,18 @@ def timed_on_busy_host(timings: Sequence[KernelTiming]) -> bool:
 def timed_products(model: Transformer) -> Products:
     """The decode products whose kernel is chosen: none for a non-fp32 model, without oneDNN, or where no product
     takes the packed path (the test matrix's tiny models)."""
+    return _packing(model, model.decode_products())
+
+
+def timed_prefill_products(model: Transformer) -> Products:
+    """The products a prefill's kernel is timed on (one layer's; none where ``timed_products`` finds none)."""
+    return _packing(model, model.prefill_products())
+
+
+def _packing(model: Transformer, products: Products) -> Products:
     if model.dtype != torch.float32 or not mkldnn_available():
         return []
-    return [(linear, ws) for linear, ws in model.decode_products() if PackedLinear.packs(ws)]
+    return [(linear, ws) for linear, ws in products if PackedLinear.packs(ws)]
 
 
 def product_shapes(products: Products) -> list[list[int]]:
@@ -98,16 +123,22 @@ def product_shapes(products: Products) -> list[list[int]]:
 def choose_fp32_kernels(model: Transformer) -> list[KernelTiming]:
     """Time both kernels on ``model`` and send the row counts where ``F.linear`` wins to it; returns the timings.
 
-    Timings taken on a busy host (``KernelTiming.busy_host``) are taken again,
-    up to ``ATTEMPTS`` in all; if the last are still busy, none of their wins
-    count and every product keeps the packed path. Nothing is timed (and nothing
-    changes) where ``timed_products`` finds none.
+    The decode row counts come first, then one at ``FP32_PREFILL_CHUNK`` rows
+    that stands for every prefill. Timings taken on a busy host
+    (``KernelTiming.busy_host``) are taken again, up to ``ATTEMPTS`` in all; if
+    the last are still busy, none of their wins count and every product keeps
+    the packed path. Nothing is timed (and nothing changes) where
+    ``timed_products`` finds none.
     """
     products = timed_products(model)
     if not products:
         return []
+    prefill = timed_prefill_products(model)
     for _ in range(ATTEMPTS):
         timings = time_row_counts(products)
+        if prefill:
+            with torch.inference_mode():
+                timings.append(time_kernels(list(prefill) * PREFILL_REPEATS, FP32_PREFILL_CHUNK))
         if not timed_on_busy_host(timings):
             set_fp32_f_linear_rows(frozenset(t.rows for t in timings if t.f_linear_wins))
             return timings

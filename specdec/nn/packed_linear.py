@@ -10,20 +10,24 @@ verify forward cost about one decode forward.
 
 For fp32, MKL's ``sgemm`` grows with the rows where oneDNN's packed fp32
 matmul stays nearly flat: on an AVX2 CPU, an LM head took 10.7 / 19.9 / 30.0 ms
-for 1 / 2 / 3 rows through MKL and 5.6 / 6.2 / 6.5 ms packed. The packed
-kernel's rows are independent of each other, and on that AVX2 CPU a row also
-got the same bits at any row count up to 40; on an AVX-512 CPU a 576x1536
-product differs in the last bit between one row and two, so that part depends
-on the host. fp32 takes the packed path for every decode, verify and block size
-(``FP32_PACKED_ROWS``); prefills keep MKL. The results differ from ``F.linear`` by summation order (~1e-6 relative);
-the transformers parity test bounds that difference.
+for 1 / 2 / 3 rows through MKL and 5.6 / 6.2 / 6.5 ms packed. At a prefill's
+row count the packed kernel was still the faster there (the model's products
+at 100-300 rows in 0.73-0.91x MKL's time, a prompt's prefill 0.82x), so fp32
+takes the packed path at every row count, a prefill in pieces of at most
+``FP32_PREFILL_CHUNK`` rows. The packed kernel's rows are independent of each
+other, and on that AVX2 CPU a row also got the same bits at any row count up to
+400; on an AVX-512 CPU a 576x1536 product differs in the last bit between one
+row and two, so that part depends on the host. The results differ from
+``F.linear`` by summation order (~1e-6 relative); the transformers parity test
+bounds that difference.
 
 Which fp32 kernel is faster at a few rows depends on the CPU: on an AVX2 and an
 AMD AVX-512 host the packed path won at every decode and verify size, while on an
 Intel host with AMX MKL's products took 0.73x the packed time at one to three rows
 and 1.2x from four. ``specdec.nn.fp32_kernels`` measures that on the loaded model
 and sets ``fp32_f_linear_rows``: the row counts at which fp32 takes plain
-``F.linear`` although the packed path applies. Until something sets it, none.
+``F.linear`` although the packed path applies (one above ``FP32_DECODE_ROWS``
+stands for every prefill). Until something sets it, none.
 
 Several weights that read the same input (q/k/v, gate/up) are packed as one
 concatenated matrix, one call instead of three. The packed copy is cached and
@@ -44,8 +48,20 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-FP32_PACKED_ROWS = (1, 64)
-"""Row counts (inclusive) for which fp32 takes the packed oneDNN path: decodes, verifies, blocks, small batches."""
+FP32_DECODE_ROWS = 64
+"""fp32 inputs of up to this many rows are decodes, verifies and blocks: their kernel is chosen per row count.
+
+More rows are a prefill, whose kernel is chosen once for all (timed at ``FP32_PREFILL_CHUNK`` rows).
+"""
+FP32_PREFILL_CHUNK = 256
+"""An fp32 prefill on the packed path is multiplied in pieces of at most this many rows.
+
+oneDNN builds a kernel for each row count it meets; in pieces, a long prompt's
+counts recur. Up to 400 rows a packed row's bits were measured independent of
+the count (AVX2), and a prompt's prefill took the same time whole or in pieces
+of 256 (2,297 against 2,319 ms for eight HumanEval prompts; pieces of 128 took
+2,462 and MKL 2,828).
+"""
 FP32_PACKED_MIN_WEIGHT = 256 * 256
 """fp32 weights with fewer elements (the test matrix's tiny models) run faster through plain ``F.linear``.
 
@@ -54,6 +70,8 @@ to ``ROW_INVARIANT_ROWS``, which bf16 verify rows rely on to equal decode steps.
 """
 _FP32_F_LINEAR_ROWS: frozenset[int] = frozenset()
 """Row counts at which fp32 products take ``F.linear`` instead of the packed path (process-wide, measured)."""
+_FP32_PREFILL_F_LINEAR = False
+"""Whether fp32 prefills (more than ``FP32_DECODE_ROWS`` rows) take ``F.linear``: a count above it in the set."""
 ROW_INVARIANT_ROWS = 32
 """Up to this many rows, oneDNN's packed bf16 matmul gives each row the bits it gets alone.
 
@@ -120,15 +138,19 @@ def fp32_f_linear_rows() -> frozenset[int]:
 
 
 def set_fp32_f_linear_rows(rows: frozenset[int]) -> None:
-    """Send fp32 products of these row counts to ``F.linear``: a property of the host, measured on a loaded model."""
-    global _FP32_F_LINEAR_ROWS
+    """Send fp32 products of these row counts to ``F.linear``: a property of the host, measured on a loaded model.
+
+    A count above ``FP32_DECODE_ROWS`` sends every prefill there (the timing holds ``FP32_PREFILL_CHUNK``).
+    """
+    global _FP32_F_LINEAR_ROWS, _FP32_PREFILL_F_LINEAR
     if any(r < 1 for r in rows):
         raise ValueError(f"row counts must be >= 1, got {sorted(rows)}")
     _FP32_F_LINEAR_ROWS = frozenset(rows)
+    _FP32_PREFILL_F_LINEAR = any(r > FP32_DECODE_ROWS for r in rows)
 
 
 def fp32_kernel_choice(rows: Iterable[int] | None = None, *, onednn: bool | None = None) -> str:
-    """Which kernel float32 products of a few rows ran on, in words: it moves every float32 timing on a CPU.
+    """Which kernel float32 products ran on, in words: it moves every float32 timing on a CPU.
 
     ``rows`` is a ``fp32_f_linear_rows()`` value and ``onednn`` a
     ``mkldnn_available()`` one, as a report kept them; each left out is this process's.
@@ -138,7 +160,11 @@ def fp32_kernel_choice(rows: Iterable[int] | None = None, *, onednn: bool | None
         return "every float32 product on `F.linear` (this torch has no oneDNN)"
     if not rows:
         return "every float32 product on the packed kernel"
-    return f"float32 products of {', '.join(map(str, rows))} row(s) on `F.linear`, the rest on the packed kernel"
+    decode = [str(r) for r in rows if r <= FP32_DECODE_ROWS]
+    parts = [f"of {', '.join(decode)} row(s)"] if decode else []
+    if rows[-1] > FP32_DECODE_ROWS:
+        parts.append(f"of prefills (over {FP32_DECODE_ROWS} rows)")
+    return f"float32 products {' and '.join(parts)} on `F.linear`, the rest on the packed kernel"
 
 
 class PackedLinear:
@@ -168,7 +194,10 @@ class PackedLinear:
         if packed is None:
             return tuple(F.linear(x, w) for w in weights)
         chunk = self.row_chunk
-        if chunk is not None and x.shape[0] > chunk:
+        rows = x.shape[0]
+        if rows > FP32_PREFILL_CHUNK and x.dtype is torch.float32 and (chunk is None or chunk > FP32_PREFILL_CHUNK):
+            chunk = FP32_PREFILL_CHUNK
+        if chunk is not None and rows > chunk:
             out = torch.cat([packed_product(part, packed) for part in x.split(chunk)])
         else:
             out = packed_product(x, packed)
@@ -183,7 +212,11 @@ class PackedLinear:
         (checked when they were packed) is not checked again while they are the
         ones packed: about 6 us a call less, 0.7 ms of a float32 decode step.
         """
-        if not self._call_fits(x, weights) or (x.dtype is torch.float32 and x.shape[0] in _FP32_F_LINEAR_ROWS):
+        if not self._call_fits(x, weights):
+            return None
+        if x.dtype is torch.float32 and (
+            x.shape[0] in _FP32_F_LINEAR_ROWS or (_FP32_PREFILL_F_LINEAR and x.shape[0] > FP32_DECODE_ROWS)
+        ):
             return None
         key = tuple((w.data_ptr(), w._version, w.shape) for w in weights)
         if key == self._run_key and x.dtype is self._dtype:
@@ -197,17 +230,15 @@ class PackedLinear:
     @staticmethod
     def _call_fits(x: Tensor, weights: Sequence[Tensor]) -> bool:
         """The part of ``applies`` that can change from call to call with the same weights: the input's shape,
-        device and row count, and autograd (grad mode, or ``requires_grad`` set on a weight in place)."""
+        device and rows, and autograd (grad mode, or ``requires_grad`` set on a weight in place)."""
         if x.dim() != 2 or x.device.type != "cpu" or x.shape[0] == 0:
-            return False
-        if x.dtype == torch.float32 and not FP32_PACKED_ROWS[0] <= x.shape[0] <= FP32_PACKED_ROWS[1]:
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
 
     @staticmethod
     def applies(x: Tensor, weights: Sequence[Tensor]) -> bool:
         """The packed path: CPU, oneDNN, 2-D input, one dtype, no autograd, and bf16 (where the CPU has oneDNN's
-        bf16 matmul) or a small fp32 batch."""
+        bf16 matmul) or fp32 weights that are not tiny."""
         if not _MKLDNN or not PackedLinear._call_fits(x, weights):
             return False
         dtype = x.dtype

@@ -139,15 +139,19 @@ def test_the_wait_is_kept_with_the_timings(
     assert [t["cpu_wait"] for t in entry["timings_ms"]] == [0.0123, None, None]
 
 
-def test_a_format_1_record_is_timed_over(medium: Transformer, timings: list[Transformer], tmp_path: Path) -> None:
-    """Format 1 kept timings without checking the host was quiet: one such record held a 1.8x slower kernel."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_record_is_timed_over(
+    medium: Transformer, timings: list[Transformer], tmp_path: Path, version: int
+) -> None:
+    """Format 1 kept timings without checking the host was quiet (one such record held a 1.8x slower kernel);
+    format 2 ones have no prefill's timing, so their choice says nothing about prefills."""
     key = host_key(product_shapes(timed_products(medium)))
-    old = {"format": 1, "hosts": {key: {"f_linear_rows": [3], "timings_ms": [], "measured_utc": "then"}}}
+    old = {"format": version, "hosts": {key: {"f_linear_rows": [3], "timings_ms": [], "measured_utc": "then"}}}
     (tmp_path / CHOICE_FILE).write_text(json.dumps(old))
     assert choose_fp32_kernels_once(medium, tmp_path) == {1, 2}
     assert len(timings) == 1
     record = json.loads((tmp_path / CHOICE_FILE).read_text())
-    assert record["format"] == kernel_choice.FORMAT == 2 and record["hosts"][key]["f_linear_rows"] == [1, 2]
+    assert record["format"] == kernel_choice.FORMAT == 3 and record["hosts"][key]["f_linear_rows"] == [1, 2]
 
 
 def test_nothing_to_choose_reads_and_writes_nothing(timings: list[Transformer], tmp_path: Path) -> None:
