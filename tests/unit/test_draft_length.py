@@ -590,6 +590,30 @@ def test_a_free_draft_is_priced_without_the_proposal() -> None:
     assert draining["a"] == 3
 
 
+def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
+    """Lookup hits on every 5th decision, model drafts that never pay: the model is still probed after its waits of
+    2, 4, 8, 8 (the idle decisions counted through the hits), and a probe that falls on a hit waits for the next
+    decision whose drafts would be the model's. Reset by each hit, the clock never reached 8 again."""
+    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE, probe_share=1.0)
+    for _ in range(30):
+        policy.record_verification("old", 1, 0)  # the model's drafts never pay
+        policy.acceptance_of("lookup").record("old", 4, 4)  # the lookup's always do
+    probes = []
+    for decision in range(1, 41):
+        hit = decision % 5 == 0
+        sources = {"a": "lookup" if hit else "model"}
+        free = {"a": FreeDraft(decision, (1, 2, 3, 4))} if hit else None
+        n = policy.choose(["a"], base_rows=1, sources=sources, free_drafts=free)["a"]
+        assert (n == 4) if hit else n in (0, 1)
+        if n and not hit:
+            probes.append(decision)
+        policy.record_verification("a", n, n if hit else 0)
+    assert probes == [2, 6, 14, 22, 31, 39]
+    policy.forget("a")
+    # A new request joins the pool's clock, which the last decision's hit did not restart either: 7 more decisions.
+    assert [policy.choose(["b"], base_rows=1)["b"] for _ in range(7)] == [0] * 6 + [1]
+
+
 def test_each_draft_source_has_its_own_acceptance_rates() -> None:
     """Lookup drafts accepted, the model's rejected: in one batch the lookup request drafts K, the other none."""
     policy = DraftLengthPolicy(4, cost=TRUE)
