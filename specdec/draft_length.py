@@ -520,12 +520,11 @@ class DraftLengthPolicy:
         probe_floor = self._priced_probe_wait(cost, base_rows, len(req_ids))
         probes = []
         for rid in req_ids:
-            if rid in free:
-                # A free source's drafts (a lookup's) teach its own rates without a probe (shadows) and say nothing
-                # of the model's: the model's probe clock runs on through them, and its probe waits for a decision
-                # whose drafts would be the model's. Reset by every lookup hit instead, the clock never reached a
-                # backed-off wait of 64 in a HumanEval bench run (hits at most 45 decisions apart), and a drafter
-                # whose first prompt went badly drafted on 8 of its 1,282 decisions (EAGLE at 1.27x).
+            if lengths[rid] and rid in free:
+                # A free source's drafts (a lookup's) say nothing of the model's: the request's probe clock runs on
+                # through them. Restarted by every lookup hit instead, it never reached a backed-off wait of 64 in
+                # a HumanEval bench run at batch 1 (hits at most 45 decisions apart), and a drafter whose first
+                # prompt went badly drafted on 8 of its 1,282 decisions (EAGLE at 1.27x).
                 self._idle[rid] = self._idle.get(rid, self._pool_idle) + 1
             elif lengths[rid]:
                 self._idle[rid] = 0
@@ -544,7 +543,7 @@ class DraftLengthPolicy:
                     probes.append(rid)
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
-        self._pool_idle = 0 if longest_proposed(lengths, free) else self._pool_idle + 1
+        self._pool_idle = 0 if probes or longest_proposed(lengths, free) else self._pool_idle + 1
         self.last_decision = decision_symbol(lengths, free=free, probes=probes)
         return lengths
 

@@ -592,8 +592,8 @@ def test_a_free_draft_is_priced_without_the_proposal() -> None:
 
 def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
     """Lookup hits on every 5th decision, model drafts that never pay: the model is still probed after its waits of
-    2, 4, 8, 8 (the idle decisions counted through the hits), and a probe that falls on a hit waits for the next
-    decision whose drafts would be the model's. Reset by each hit, the clock never reached 8 again."""
+    2, 4, 8, 8 (the idle decisions counted through the hits), and a probe due at a hit that drafts waits for the
+    next decision at 0 drafts. Restarted by each hit, the clock never reached 8 again."""
     policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE, probe_share=1.0)
     for _ in range(30):
         policy.record_verification("old", 1, 0)  # the model's drafts never pay
@@ -610,8 +610,16 @@ def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
         policy.record_verification("a", n, n if hit else 0)
     assert probes == [2, 6, 14, 22, 31, 39]
     policy.forget("a")
+    for _ in range(400):
+        policy.acceptance_of("lookup").record("old", 4, 0)  # and now the lookup's drafts do not pay either
     # A new request joins the pool's clock, which the last decision's hit did not restart either: 7 more decisions.
-    assert [policy.choose(["b"], base_rows=1)["b"] for _ in range(7)] == [0] * 6 + [1]
+    # Its lookup has a draft at each, never worth drafting, and it is probed with one all the same (a batch's
+    # requests probe in one step, whatever their source).
+    lookup = {"sources": {"b": "lookup"}, "free_drafts": {"b": FreeDraft(50, (1, 2, 3, 4))}}
+    assert [policy.choose(["b"], base_rows=1, **lookup)["b"] for _ in range(7)] == [0] * 6 + [1]
+    policy.record_verification("b", 1, 0)
+    policy.forget("b")
+    assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(8)] == [0] * 7 + [1]  # b's probe restarted it
 
 
 def test_each_draft_source_has_its_own_acceptance_rates() -> None:
