@@ -615,8 +615,9 @@ def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
     # A new request joins the pool's clock, which the last decision's hit did not restart either: 7 more decisions.
     # Its lookup has a draft at each, never worth drafting, and it is probed with one all the same (a batch's
     # requests probe in one step, whatever their source).
-    lookup = {"sources": {"b": "lookup"}, "free_drafts": {"b": FreeDraft(50, (1, 2, 3, 4))}}
-    assert [policy.choose(["b"], base_rows=1, **lookup)["b"] for _ in range(7)] == [0] * 6 + [1]
+    sources, drafts = {"b": "lookup"}, {"b": FreeDraft(50, (1, 2, 3, 4))}
+    seen = [policy.choose(["b"], base_rows=1, sources=sources, free_drafts=drafts)["b"] for _ in range(7)]
+    assert seen == [0] * 6 + [1]
     policy.record_verification("b", 1, 0)
     policy.forget("b")
     assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(8)] == [0] * 7 + [1]  # b's probe restarted it
