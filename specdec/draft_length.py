@@ -362,9 +362,10 @@ class DraftLengthPolicy:
     ) -> None:
         """``cost``: a known step cost, used as given (no calibration, no fitting): for a machine measured before.
 
-        A request at 0 drafts is probed after ``probe_every`` decisions. Each probe
-        doubles its wait, up to ``probe_backoff`` times ``probe_every``, and the wait
-        resets only when the request drafts again, on its own outcomes, because
+        A request that drafts nothing from the model (a free source's drafts do not
+        count) is probed after ``probe_every`` decisions. Each probe doubles its wait,
+        up to ``probe_backoff`` times ``probe_every``, and the wait resets only when
+        the request drafts from the model again, on its own outcomes, because
         drafting pays (``_drafts_on_own_outcomes``): a probe accepted at a rate that
         still does not pay (sampling at T = 1, open chat) says nothing new, and a
         batch of such requests would otherwise probe on most steps. A probe also
