@@ -521,13 +521,7 @@ class DraftLengthPolicy:
         probe_floor = self._priced_probe_wait(cost, base_rows, len(req_ids))
         probes = []
         for rid in req_ids:
-            if lengths[rid] and rid in free:
-                # A free source's drafts (a lookup's) say nothing of the model's: the request's probe clock runs on
-                # through them. Restarted by every lookup hit instead, it never reached a backed-off wait of 64 in
-                # a HumanEval bench run at batch 1 (hits at most 45 decisions apart), and a drafter whose first
-                # prompt went badly drafted on 8 of its 1,282 decisions (EAGLE at 1.27x).
-                self._idle[rid] = self._idle.get(rid, self._pool_idle) + 1
-            elif lengths[rid]:
+            if lengths[rid] and rid not in free:
                 self._idle[rid] = 0
                 if self._drafts_on_own_outcomes(rid):
                     self._probe_wait[rid] = self._pool_wait = self.probe_every  # drafting pays: no backoff any more
@@ -536,9 +530,13 @@ class DraftLengthPolicy:
                 # before it found holds for it until its own probe says otherwise. Otherwise every new request
                 # would probe after probe_every, and a stream of short requests would probe on every few steps
                 # where drafting never pays (sampling at T = 1, open chat).
+                # A free source's drafts (a lookup's) say nothing of the model's, so the clock runs on through them
+                # too. Restarted by every lookup hit instead, it never reached a backed-off wait of 64 in a
+                # HumanEval bench run at batch 1 (hits at most 45 decisions apart), and a drafter whose first
+                # prompt went badly drafted on 8 of its 1,282 decisions (EAGLE at 1.27x).
                 idle = self._idle.get(rid, self._pool_idle) + 1
                 self._idle[rid] = idle
-                if idle >= max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor):
+                if not lengths[rid] and idle >= max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor):
                     lengths[rid], self._idle[rid] = 1, 0
                     self._probing.add(rid)
                     probes.append(rid)
