@@ -18,8 +18,9 @@ drafts the policy chose actually fared against what it expected of them
 favours estimates that came out high by chance, and the estimates' prior
 lifts rarely tried positions, so the raw forecast runs optimistic. A request
 at 0 drafts is probed with one draft now and then, so an estimate that fell
-too low can recover; new requests join the probe schedule the pool is on, and
-the probes are spaced so that they cost at most ``PROBE_SHARE`` of the time.
+too low can recover; new requests join the probe schedule the pool is on, those
+part way through their wait join a probe that is due (``PROBE_JOIN``), and the
+probes are spaced so that they cost at most ``PROBE_SHARE`` of the time.
 Drafts that cost nothing to make (a prompt lookup's) teach it without a
 probe: for a request at 0 drafts they are checked against the tokens the
 target emits (``specdec.shadow_drafts``), and counted under their source.
@@ -83,6 +84,16 @@ on the benchmark CPU cost 25-30% of a plain step (a DFlash proposal of 7 ms and 
 verify rows against 37 ms): a probe every 16 decisions would cost ~1.7% of the
 time where drafting never pays, above that bench's 1.2% noise. So a request's probe waits
 at least as many decisions as the fitted cost says keep probes within this share."""
+PROBE_JOIN = 0.5
+"""A request at 0 drafts this far into its probe wait is probed along with one whose probe is due.
+
+A batch's probe clocks fall apart: a decision where some requests draft from the
+model restarts theirs and not the others', and a request whose probe falls due
+while it drafts its lookup's tokens probes at its next decision instead. Each
+group then probed in a step of its own (DFlash's HumanEval runs at batch 8 and
+T = 1: ``p.p`` and ``pp`` where one probe step had done). Joining brings the
+clocks back together; a request probes at most 1 / PROBE_JOIN times as often as
+its wait says, and only in steps that probe anyway."""
 CALIBRATION = (1.0, 0.0, 0.5, 1.0, 0.25, 0.0, 0.75, 1.0)
 """Draft lengths of the first steps, as shares of K (rounded up): varied so the cost model can be fitted."""
 
@@ -519,7 +530,7 @@ class DraftLengthPolicy:
                 self.last_decision = BASELINE
                 return dict.fromkeys(req_ids, 0)
         probe_floor = self._priced_probe_wait(cost, base_rows, len(req_ids))
-        probes = []
+        into_wait: dict[str, float] = {}  # per request at 0 drafts: how far its clock is into its probe wait
         for rid in req_ids:
             if lengths[rid] and rid not in free:
                 self._idle[rid] = 0
@@ -534,12 +545,19 @@ class DraftLengthPolicy:
                 # too. Restarted by every lookup hit instead, it never reached a backed-off wait of 64 in a
                 # HumanEval bench run at batch 1 (hits at most 45 decisions apart), and a drafter whose first
                 # prompt went badly drafted on 8 of its 1,282 decisions (EAGLE at 1.27x).
-                idle = self._idle.get(rid, self._pool_idle) + 1
-                self._idle[rid] = idle
-                if not lengths[rid] and idle >= max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor):
+                idle = self._idle[rid] = self._idle.get(rid, self._pool_idle) + 1
+                if not lengths[rid]:
+                    into_wait[rid] = idle / max(self._probe_wait.setdefault(rid, self._pool_wait), probe_floor)
+        probes = []
+        if any(share >= 1.0 for share in into_wait.values()):
+            # Requests past PROBE_JOIN of their wait join the probe that is due: the step and the proposal are
+            # paid for already, and clocks that fell apart come back together.
+            for rid, share in into_wait.items():
+                if share >= PROBE_JOIN:
                     lengths[rid], self._idle[rid] = 1, 0
                     self._probing.add(rid)
                     probes.append(rid)
+        for rid in req_ids:
             if lengths[rid]:
                 self._expected[rid] = raw[rid][: lengths[rid]]
         self._pool_idle = 0 if probes or longest_proposed(lengths, free) else self._pool_idle + 1

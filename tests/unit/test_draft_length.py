@@ -623,6 +623,32 @@ def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
     assert [policy.choose(["c"], base_rows=1)["c"] for _ in range(8)] == [0] * 7 + [1]  # b's probe restarted it
 
 
+def test_probes_that_fell_apart_come_back_into_one_step() -> None:
+    """Two requests probe every 4 decisions. At decision 4 b drafts its lookup's tokens while a probes, so b's
+    probe waits for decision 5; from then on a request past half its wait joins the other's probe, and the
+    batch probes in one step every 4 decisions. Probing each on its own clock took two steps every time."""
+    policy = DraftLengthPolicy(4, probe_every=4, probe_backoff=1, cost=TRUE, probe_share=1.0)
+    for _ in range(30):
+        policy.record_verification("old", 1, 0)  # the model's drafts never pay
+        policy.acceptance_of("lookup").record("old", 4, 4)  # the lookup's always do
+    probe_steps = []
+    for decision in range(1, 33):
+        hit = decision == 4
+        sources = {"a": "model", "b": "lookup" if hit else "model"}
+        free = {"b": FreeDraft(decision, (1, 2, 3, 4))} if hit else None
+        lengths = policy.choose(["a", "b"], base_rows=2, sources=sources, free_drafts=free)
+        if hit:
+            assert lengths == {"a": 1, "b": 4}  # a's probe is due, b drafts its lookup's tokens
+        else:
+            assert set(lengths.values()) <= {0, 1}
+        if lengths["a"] or (lengths["b"] and not hit):
+            probe_steps.append(decision)
+        for rid, n in lengths.items():
+            policy.record_verification(rid, n, n if hit and rid == "b" else 0)
+    assert probe_steps == [4, 5, 8, 12, 16, 20, 24, 28, 32]
+    assert policy.choose(["a", "b"], base_rows=2) == {"a": 0, "b": 0}  # the joined clocks run on together
+
+
 def test_each_draft_source_has_its_own_acceptance_rates() -> None:
     """Lookup drafts accepted, the model's rejected: in one batch the lookup request drafts K, the other none."""
     policy = DraftLengthPolicy(4, cost=TRUE)
