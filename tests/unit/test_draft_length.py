@@ -590,14 +590,20 @@ def test_a_free_draft_is_priced_without_the_proposal() -> None:
     assert draining["a"] == 3
 
 
+def _model_never_lookup_always(*, probe_every: int, probe_backoff: int) -> DraftLengthPolicy:
+    """A policy whose pool has seen the model's drafts never accepted and the lookup's always, probes unpriced."""
+    policy = DraftLengthPolicy(4, probe_every=probe_every, probe_backoff=probe_backoff, cost=TRUE, probe_share=1.0)
+    for _ in range(30):
+        policy.record_verification("old", 1, 0)
+        policy.acceptance_of("lookup").record("old", 4, 4)
+    return policy
+
+
 def test_a_lookups_hits_do_not_hold_back_the_models_probes() -> None:
     """Lookup hits on every 5th decision, model drafts that never pay: the model is still probed after its waits of
     2, 4, 8, 8 (the idle decisions counted through the hits), and a probe due at a hit that drafts waits for the
     next decision at 0 drafts. Restarted by each hit, the clock never reached 8 again."""
-    policy = DraftLengthPolicy(4, probe_every=2, probe_backoff=4, cost=TRUE, probe_share=1.0)
-    for _ in range(30):
-        policy.record_verification("old", 1, 0)  # the model's drafts never pay
-        policy.acceptance_of("lookup").record("old", 4, 4)  # the lookup's always do
+    policy = _model_never_lookup_always(probe_every=2, probe_backoff=4)
     probes = []
     for decision in range(1, 41):
         hit = decision % 5 == 0
@@ -627,10 +633,7 @@ def test_probes_that_fell_apart_come_back_into_one_step() -> None:
     """Two requests probe every 4 decisions. At decision 4 b drafts its lookup's tokens while a probes, so b's
     probe waits for decision 5; from then on a request past half its wait joins the other's probe, and the
     batch probes in one step every 4 decisions. Probing each on its own clock took two steps every time."""
-    policy = DraftLengthPolicy(4, probe_every=4, probe_backoff=1, cost=TRUE, probe_share=1.0)
-    for _ in range(30):
-        policy.record_verification("old", 1, 0)  # the model's drafts never pay
-        policy.acceptance_of("lookup").record("old", 4, 4)  # the lookup's always do
+    policy = _model_never_lookup_always(probe_every=4, probe_backoff=1)
     probe_steps = []
     for decision in range(1, 33):
         hit = decision == 4
