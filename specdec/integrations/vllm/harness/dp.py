@@ -54,7 +54,10 @@ class InProcessDPGroup:
         return SimpleNamespace(all_reduce=self.all_reduce)
 
     def dp_group(self) -> Any:
-        return SimpleNamespace(cpu_group=self, world_size=self.size, rank_in_group=None)
+        """vLLM's DP group coordinator: its CPU group (to 0.32) or its own in-place host all-reduce (0.33 on)."""
+        return SimpleNamespace(
+            cpu_group=self, world_size=self.size, rank_in_group=None, cpu_all_reduce_=self.all_reduce
+        )
 
     def run(self, body: Callable[[int], T]) -> list[T | BaseException]:
         """Run ``body(rank)`` on every rank at once; each rank's result or exception, in rank order."""

@@ -120,6 +120,7 @@ def _config(scenario: Scenario) -> Any:
         ),
         speculative_config=None,
         cache_config=SimpleNamespace(use_kda_recoverssm=False),
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),  # 0.33 on read the limit from here
     )
 
 
@@ -200,6 +201,8 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
             ),
             "_speculator_name": "DSpark" if anchor_first else "DFlash",
             "_sample_sequential": lambda num_reqs, head_hidden: None,
+            "_aux_staging": None,  # 0.33 on: the FULL graph's staged aux hidden states (none without EAGLE-3 layers)
+            "_num_rejected": None,
         }
     for name, value in values.items():
         # A read-only property of some release computes its value from the ones above.
@@ -345,6 +348,7 @@ class Runner:
             num_tokens=num_target,
             seq_lens_cpu_upper_bound=torch.full((spec.max_num_reqs,), 100, dtype=torch.int32),
             idx_mapping=torch.arange(num_reqs, dtype=torch.int32),
+            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32) * (scenario.k + 1),  # read from 0.33 on
         )
         qsl = spec.input_buffers.query_start_loc
         qsl.copy_((torch.clamp(torch.arange(qsl.shape[0]), max=num_reqs) * q).to(qsl.dtype))
