@@ -137,8 +137,10 @@ def _config(scenario: Scenario, layout: ReleaseLayout) -> Any:
 
 def _resolve_split_graph_sizes(config: Any, scenario: Scenario) -> None:
     """0.34 on: the scenario's capture sizes given as the deprecated shared sizes, which vLLM's own config code turns
-    into prefill token sizes and decode request sizes. ``VllmConfig``'s methods run on this stand-in, with an EAGLE
-    speculative config of the scenario's K (one-token draft decodes, no dynamic speculation)."""
+    into prefill token sizes and decode request sizes. ``VllmConfig``'s methods run on this stand-in, with a
+    speculative config of the scenario's method and K (no dynamic speculation): the method matters, since EAGLE's
+    one-token draft decodes add their request grid to the recorded largest graph (32 for sizes up to 8, where a
+    DFlash config keeps 8), which sizes a block drafter's decode graphs."""
     vllm_config = importlib.import_module("vllm.config").VllmConfig
     compilation = importlib.import_module("vllm.config.compilation")
     sizes = list(scenario.capture_sizes)
@@ -150,7 +152,7 @@ def _resolve_split_graph_sizes(config: Any, scenario: Scenario) -> None:
     config.scheduler_config.max_num_batched_tokens = MAX_BATCHED_TOKENS
     config.performance_mode = "balanced"
     config.speculative_config = SimpleNamespace(
-        method="eagle",
+        method="eagle" if scenario.method.startswith("ar") else scenario.method,
         num_speculative_tokens=scenario.k,
         enable_adaptive_verification=False,
         uses_dynamic_speculative_decoding=lambda: False,
