@@ -74,13 +74,12 @@ class Release:
 
     def __init__(self, layout: ReleaseLayout) -> None:
         self.layout = layout
-        self.ar = importlib.import_module(layout.ar_module)
         self.dflash = importlib.import_module(layout.dflash_module)
         self.dspark = importlib.import_module(layout.dspark_module)
         self.dp_utils = importlib.import_module(layout.dp_module)
         self.graphs = importlib.import_module(layout.graphs_module)
         self.base = importlib.import_module(layout.base_module)
-        self.ar_class = getattr(self.ar, layout.ar_class)
+        self.ar_class = getattr(importlib.import_module(layout.ar_module), layout.ar_class)
         self.step_modules = hooks.speculator_modules(self.ar_class, self.dspark.DSparkSpeculator)
         """The modules the step code runs in, base classes' included (0.34's decode loop is a base class's)."""
         decode_owner = hooks.defining_class(self.ar_class, "_multi_step_decode")
