@@ -8,6 +8,7 @@ process, since one process can import one vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environ
 
 from specdec.integrations.vllm import hooks  # noqa: E402
 from specdec.integrations.vllm.harness.runner import Runner  # noqa: E402
-from specdec.integrations.vllm.harness.scenario import Scenario, matrix  # noqa: E402
+from specdec.integrations.vllm.harness.scenario import METHODS, Scenario, matrix  # noqa: E402
 from specdec.integrations.vllm.versions import LAYOUTS, layout_for, normalise  # noqa: E402
 
 BUGGY = "0.29.0"
@@ -142,11 +143,13 @@ def test_installed_fixed_release_has_zero_violations_over_the_whole_matrix(mode:
     layout = layout_for(vllm.__version__)
     assert layout is not None and layout.fixed, f"the vLLM environment has a fixed release, not {vllm.__version__}"
     runner = Runner(layout, mode)
-    results = [runner.run(s) for s in matrix()]
+    results = [runner.run(s) for s in matrix(dynamic_k=layout.decode_takes_k)]
     assert [(r.scenario.label(), r.ranks) for r in results if r.kind != "ok"] == []
     outcomes = [o.message for r in results for o in r.ranks]
     assert any(m == "FULL replay" or m.startswith("FULL ") for m in outcomes), "FULL steps are part of the matrix"
     assert any(m.startswith("NONE num_tokens=13 num_reqs=12") for m in outcomes), "DP-padded eager steps are dispatched"
+    assert {r.scenario.method for r in results} == set(METHODS)
+    assert any(r.scenario.step_k for r in results), "steps of a K below the configured K are part of the matrix"
 
 
 OTHER_FIXED = sorted(v for v in LAYOUTS if LAYOUTS[v].fixed and v != INSTALLED)
@@ -158,7 +161,9 @@ def test_other_fixed_releases_have_zero_violations(version: str, tmp_path: Path)
     results = _vllm_check(version, "shapes", tmp_path)
     assert [s["label"] for s in results if s["verdict"] != "ok"] == []
     unchecked = [  # and not because nothing was checked: every rank's draft step went through the hooks
-        s["label"] for s in results if not _checked_on_every_rank(s["checks"], [o["message"] for o in s["ranks"]])
+        s["label"]
+        for s in results
+        if not _checked_on_every_rank(s["checks"], [o["message"] for o in s["ranks"]], s["scenario"])
     ]
     assert unchecked == []
 
@@ -167,7 +172,7 @@ PLANT_THE_BUG = """
 import dataclasses, importlib, json
 import vllm
 from specdec.integrations.vllm.harness.runner import Runner
-from specdec.integrations.vllm.harness.scenario import Scenario
+from specdec.integrations.vllm.harness.scenario import METHODS, Scenario
 from specdec.integrations.vllm.versions import layout_for
 
 layout = layout_for(vllm.__version__)
@@ -179,10 +184,14 @@ def buggy(self, *args, batch_desc, **kw):
     return builder(self, *args, batch_desc=dataclasses.replace(batch_desc, cg_mode=full), **kw)
 
 base.DraftModelSpeculator._build_attn_metadata = buggy
+scenarios = {m: Scenario(m, (12, 13), "NONE", (1, 2, 4, 8), 3, "dp-padded") for m in METHODS}
+if layout.decode_takes_k:
+    for m in ("ar-multi-step", "ar-fused"):
+        scenarios[m + " step K=2"] = dataclasses.replace(scenarios[m], step_k=2)
 outcomes = {}
-for method in ("ar-multi-step", "ar-fused", "dflash", "dspark"):
-    result = Runner(layout, "shapes").run(Scenario(method, (12, 13), "NONE", (1, 2, 4, 8), 3, "dp-padded"))
-    outcomes[method] = [[o.kind, o.invariant] for o in result.ranks]
+for name, scenario in scenarios.items():
+    result = Runner(layout, "shapes").run(scenario)
+    outcomes[name] = [[o.kind, o.invariant, o.component.rpartition(" ")[2]] for o in result.ranks]
 print(json.dumps({"vllm": vllm.__version__, "outcomes": outcomes}))
 """
 
@@ -190,7 +199,8 @@ print(json.dumps({"vllm": vllm.__version__, "outcomes": outcomes}))
 @pytest.mark.parametrize("version", sorted(v for v in LAYOUTS if LAYOUTS[v].fixed))
 def test_the_bug_planted_into_each_fixed_release_is_caught(version: str) -> None:
     """The fixed builder, made to size attention by desc.num_tokens in every graph mode again, is caught: AR-5 on
-    both autoregressive paths, BLK-3 on DFlash and DSpark. In a child process, which imports the release's files."""
+    every autoregressive path (Gemma4's held positions and, where the release has it, a step of K below the
+    configured K included), BLK-3 on every block layout. In a child process, which imports the release's files."""
     path = [str(ROOT)]
     if version != INSTALLED:
         _release_or_skip(version)
@@ -202,8 +212,21 @@ def test_the_bug_planted_into_each_fixed_release_is_caught(version: str) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert normalise(report["vllm"]) == version
-    expected = {"ar-multi-step": "AR-5", "ar-fused": "AR-5", "dflash": "BLK-3", "dspark": "BLK-3"}
-    assert report["outcomes"] == {m: [["violation", inv], ["ok", None]] for m, inv in expected.items()}
+    layout = LAYOUTS[version]
+    ar, fused = layout.ar_class, layout.fused_decode
+    # The invariant, and the vLLM class and method it was caught in: Gemma4 and DSpark's fill-in layout run their
+    # own classes' inherited step methods through the same hooks.
+    expected = {
+        "ar-multi-step": ("AR-5", f"{ar}._multi_step_decode"),
+        "ar-fused": ("AR-5", f"{ar}.{fused}"),
+        "ar-gemma4": ("AR-5", "Gemma4Speculator._multi_step_decode"),
+        "dflash": ("BLK-3", "DFlashSpeculator.propose"),
+        "dspark": ("BLK-3", "DSparkSpeculator.propose"),
+        "dspark-fill-in": ("BLK-3", "DSparkSpeculator.propose"),
+    }
+    if layout.decode_takes_k:
+        expected |= {f"{m} step K=2": expected[m] for m in ("ar-multi-step", "ar-fused")}
+    assert report["outcomes"] == {m: [["violation", *caught], ["ok", None, ""]] for m, caught in expected.items()}
 
 
 def test_a_release_outside_the_table_is_refused_by_name_before_any_fetch(tmp_path: Path) -> None:
@@ -269,20 +292,24 @@ def test_scenario_labels_are_unique() -> None:
 def test_every_eager_scenario_was_actually_checked_on_every_rank() -> None:
     """Zero violations means something only if every draft forward went through a check."""
     runner = Runner(layout_for(vllm.__version__), "shapes")  # type: ignore[arg-type]
-    results = [runner.run(s) for s in matrix(quick=True)]
+    results = [runner.run(s) for s in matrix(quick=True, dynamic_k=runner.layout.decode_takes_k)]
     unchecked = [
-        r.scenario.label() for r in results if not _checked_on_every_rank(r.checks, [o.message for o in r.ranks])
+        r.scenario.label()
+        for r in results
+        if not _checked_on_every_rank(r.checks, [o.message for o in r.ranks], dataclasses.asdict(r.scenario))
     ]
     assert unchecked == []
 
 
-def _checked_on_every_rank(checks: dict[str, int], rank_messages: list[str]) -> bool:
+def _checked_on_every_rank(checks: dict[str, int], rank_messages: list[str], scenario: dict[str, Any]) -> bool:
     """A descriptor check per rank, a DP agreement check per rank under DP (the step's dispatch went through the
-    hooks), and a batch check per rank where every rank ran eager (no graph replay)."""
+    hooks), and a batch check per rank where every rank ran eager (no graph replay): one per draft step for the
+    autoregressive loops, so a step of K below the configured K runs as many steps as its own K says."""
     dp = len(rank_messages)
     eager = all(m == "eager" or m.startswith("NONE") for m in rank_messages)
-    return (
-        checks.get("descriptor", 0) >= dp
-        and (dp == 1 or checks.get("dp", 0) >= dp)
-        and (not eager or checks.get("batch", 0) >= dp)
-    )
+    batch = checks.get("batch", 0)
+    if eager and scenario["method"].startswith("ar"):
+        batch_ok = batch == dp * ((scenario["step_k"] or scenario["k"]) - 1)
+    else:
+        batch_ok = not eager or batch >= dp
+    return checks.get("descriptor", 0) >= dp and (dp == 1 or checks.get("dp", 0) >= dp) and batch_ok

@@ -125,7 +125,7 @@ def _check(version: str, args: argparse.Namespace) -> int:
         raise UsageError(f"unknown method(s) {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
     runner = Runner(layout, args.contracts)
     started = time.perf_counter()
-    results = [runner.run(s) for s in matrix(methods, quick=args.quick)]
+    results = [runner.run(s) for s in matrix(methods, quick=args.quick, dynamic_k=layout.decode_takes_k)]
     elapsed = time.perf_counter() - started
     _print_summary(layout.release, layout.fixed, args.contracts, results, elapsed)
     if args.json:

@@ -40,6 +40,8 @@ class ReleaseLayout:
     The harness imports only Python files, so the CUDA wheel's serve as well on a CPU."""
     dflash_module: str = f"{SPEC}.dflash.speculator"
     dspark_module: str = f"{SPEC}.dspark.speculator"
+    gemma4_module: str = f"{SPEC}.gemma4.speculator"
+    """Gemma4's MTP speculator: the autoregressive speculator's subclass whose draft steps keep their positions."""
     base_module: str = f"{SPEC}.speculator"
     dp_module: str = f"{GPU}.dp_utils"
     graphs_module: str = f"{GPU}.cudagraph_utils"

@@ -46,6 +46,8 @@ class RankOutcome:
     invariant: str | None = None
     message: str = ""
     observed: dict[str, Any] = field(default_factory=dict)
+    component: str = ""
+    """For a violation, the vLLM method it was caught in (``vLLM 0.32.0 Gemma4Speculator._multi_step_decode``)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Release:
         self.layout = layout
         self.dflash = importlib.import_module(layout.dflash_module)
         self.dspark = importlib.import_module(layout.dspark_module)
+        self.gemma4 = importlib.import_module(layout.gemma4_module).Gemma4Speculator
         self.dp_utils = importlib.import_module(layout.dp_module)
         self.graphs = importlib.import_module(layout.graphs_module)
         self.base = importlib.import_module(layout.base_module)
@@ -174,9 +177,11 @@ def _resolve_split_graph_sizes(config: Any, scenario: Scenario) -> None:
 def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
     """A vLLM speculator of the scenario's method, with host buffers sized as its ``__init__`` sizes them."""
     layout = release.layout
-    if scenario.method.startswith("ar"):
+    if scenario.method == "ar-gemma4":
+        cls = release.gemma4
+    elif scenario.method.startswith("ar"):
         cls = release.ar_class
-    elif scenario.method == "dspark":
+    elif scenario.method.startswith("dspark"):
         cls = release.dspark.DSparkSpeculator
     else:
         cls = release.dflash.DFlashSpeculator
@@ -237,9 +242,8 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
     }
     if not scenario.method.startswith("ar"):
         anchor_first = scenario.method == "dspark"
-        q = k if anchor_first else k + 1
         values |= {
-            "num_query_per_req": q,
+            "num_query_per_req": scenario.query_width,
             "sample_from_anchor": anchor_first,
             "parallel_drafting_token_id": 0,
             "requires_non_causal": True,
@@ -258,7 +262,7 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
                 min_cg_support=importlib.import_module("vllm.v1.attention.backend").AttentionCGSupport.UNIFORM_BATCH,
                 min_cg_attn_backend="STUB_FLASHINFER",
             ),
-            "_speculator_name": "DSpark" if anchor_first else "DFlash",
+            "_speculator_name": "DSpark" if scenario.method.startswith("dspark") else "DFlash",
             "_sample_sequential": lambda num_reqs, head_hidden: None,
             "_sharded_sequential_comm": None,  # 0.34 on: DSpark samples on one rank (no TP sharding)
             "_aux_staging": None,  # 0.33 on: the FULL graph's staged aux hidden states (none without EAGLE-3 layers)
@@ -330,7 +334,7 @@ class Runner:
         """The DP-padded eager descriptor, with the agreement every rank would hold for it."""
         graphs, dp_utils = self.release.graphs, self.release.dp_utils
         mode_none = self.release.mode_enum.NONE
-        q = 1 if scenario.method.startswith("ar") else (scenario.k if scenario.method == "dspark" else scenario.k + 1)
+        q = scenario.query_width
         padded = max(max(n, 1) for n in scenario.reqs_per_rank) * q
         fields = set(dp_utils.DPSyncState.__dataclass_fields__)
 
@@ -391,14 +395,17 @@ class Runner:
                 spec.decode_cudagraph_manager, num_reqs, num_reqs, uniform_token_count=1,
                 dp_size=scenario.dp_size, dp_rank=rank,
             )  # fmt: skip
+        k = scenario.step_k or scenario.k  # the speculator's buffers and graphs stay sized for scenario.k
         if hasattr(spec.decode_cudagraph_manager, "specialize_spec_tokens"):
-            desc = spec.decode_cudagraph_manager.specialize_spec_tokens(desc, scenario.k)
+            desc = spec.decode_cudagraph_manager.specialize_spec_tokens(desc, k)
         across = None if sync is None else sync.num_tokens_across_dp
         upper = torch.full((spec.max_num_reqs,), 100, dtype=torch.int32)
         args: tuple[Any, ...] = (num_reqs, False, desc, across, upper)
         if layout.decode_takes_k:
-            args += (scenario.k,)
-        method = layout.fused_decode if scenario.method == "ar-fused" else "_multi_step_decode"
+            args += (k,)
+        elif scenario.step_k is not None:
+            raise ValueError(f"vLLM {layout.release}'s decode loop takes no step K: {scenario.label()}")
+        method = layout.fused_decode if scenario.method == "ar-fused" else "_multi_step_decode"  # Gemma4: multi-step
         getattr(spec, method)(*args)
         return f"{desc.cg_mode.name} num_tokens={desc.num_tokens} num_reqs={desc.num_reqs}"
 
@@ -434,7 +441,9 @@ class Runner:
 
 def _outcome(rank: int, result: object) -> RankOutcome:
     if isinstance(result, ContractViolation):
-        return RankOutcome(rank, "violation", result.invariant_id, str(result).splitlines()[0], dict(result.observed))
+        first_line = str(result).splitlines()[0]
+        component = result.component or ""
+        return RankOutcome(rank, "violation", result.invariant_id, first_line, dict(result.observed), component)
     if isinstance(result, stubs.KernelError):
         return RankOutcome(rank, "kernel", None, str(result))
     if isinstance(result, CollectiveMismatch):

@@ -1,4 +1,11 @@
-"""One harness case and the matrix of them: method, DP ranks, graph mode, capture sizes, K, descriptor source."""
+"""One harness case and the matrix of them: method, DP ranks, graph mode, capture sizes, K, descriptor source.
+
+Methods name vLLM's draft-step code paths, not only its named speculators: the hooks wrap methods that every
+subclass inherits, so a subclass that runs them differently is a method of its own here. ``ar-gemma4`` is
+Gemma4's MTP speculator, whose draft steps keep their positions (it builds attention once, at the first step);
+``dspark-fill-in`` is DSpark with ``sample_from_anchor`` off, whose block is 1 + K queries (the anchor a bonus
+token) where DSpark's default block is K.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-METHODS = ("ar-multi-step", "ar-fused", "dflash", "dspark")
+METHODS = ("ar-multi-step", "ar-fused", "ar-gemma4", "dflash", "dspark", "dspark-fill-in")
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 SOURCES = ("dispatch", "dp-padded")
 
@@ -22,6 +29,11 @@ class Scenario:
     agreed size: ``NONE`` with the largest rank's token count and the local
     request count), which releases from 0.30 produce whenever a rank reuses the
     target's DP agreement and no draft graph covers it.
+
+    ``step_k`` is the K of this step where it is below the configured ``k``:
+    vLLM's dynamic speculation (a K per batch size, from 0.32 passed to the
+    autoregressive decode loop) drafts fewer tokens than its buffers and graphs
+    were sized for.
     """
 
     method: str
@@ -31,21 +43,31 @@ class Scenario:
     k: int
     source: str = "dispatch"
     max_num_seqs: int = 32
+    step_k: int | None = None
 
     @property
     def dp_size(self) -> int:
         return len(self.reqs_per_rank)
 
+    @property
+    def query_width(self) -> int:
+        """Queries per request in a draft step: one for the autoregressive loops, the block for DFlash and DSpark."""
+        if self.method.startswith("ar"):
+            return 1
+        return self.k if self.method == "dspark" else self.k + 1
+
     def label(self) -> str:
         ranks = "/".join(str(n) for n in self.reqs_per_rank)
         sizes = ",".join(str(s) for s in self.capture_sizes) or "-"
-        return (
-            f"{self.method} dp={self.dp_size} reqs={ranks} {self.graph_mode} capture=[{sizes}] K={self.k} {self.source}"
-        )
+        k = f"K={self.k}" if self.step_k is None else f"K={self.k} step K={self.step_k}"
+        return f"{self.method} dp={self.dp_size} reqs={ranks} {self.graph_mode} capture=[{sizes}] {k} {self.source}"
 
 
-def matrix(methods: tuple[str, ...] = METHODS, quick: bool = False) -> Iterator[Scenario]:
-    """Every combination the harness runs; ``quick`` keeps one of each kind for a fast check."""
+def matrix(methods: tuple[str, ...] = METHODS, quick: bool = False, dynamic_k: bool = False) -> Iterator[Scenario]:
+    """Every combination the harness runs; ``quick`` keeps one of each kind for a fast check.
+
+    ``dynamic_k``: also autoregressive steps of K 2 under the largest configured K, for releases whose decode loop
+    takes the step's K (Gemma4's loop is the multi-step one, so only the two named loops run it)."""
     rank_layouts: tuple[tuple[int, ...], ...] = ((1,), (12,), (12, 13), (3, 0), (5, 2, 0, 7))
     capture_sets: tuple[tuple[int, ...], ...] = ((1, 2, 4, 8, 16, 32), (1, 2, 4, 8))
     ks = (1, 3) if quick else (1, 2, 4)
@@ -61,3 +83,5 @@ def matrix(methods: tuple[str, ...] = METHODS, quick: bool = False) -> Iterator[
         if method.startswith("ar") and k == 1:
             continue  # K=1 drafts in the prefill only; there is no draft decode step
         yield Scenario(method, ranks, mode, sizes, k, source)
+        if dynamic_k and method in ("ar-multi-step", "ar-fused") and k == max(ks):
+            yield Scenario(method, ranks, mode, sizes, k, source, step_k=2)
