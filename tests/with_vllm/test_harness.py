@@ -229,6 +229,19 @@ def test_the_bug_planted_into_each_fixed_release_is_caught(version: str) -> None
     assert report["outcomes"] == {m: [["violation", *caught], ["ok", None, ""]] for m, caught in expected.items()}
 
 
+def test_a_fill_in_dspark_block_of_k_queries_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DSpark with ``sample_from_anchor`` off drafts a 1 + K block; one of K queries (the anchor-first width) is
+    wrong for it. The hooks take the layout from the speculator's attribute, not its class name, so BLK-1 fires."""
+    layout = layout_for(vllm.__version__)
+    assert layout is not None
+    width = Scenario.query_width.fget  # type: ignore[attr-defined]
+    scenario = Scenario("dspark-fill-in", (12,), "NONE", (1, 2, 4, 8), 3)
+    assert Runner(layout, "shapes").run(scenario).kind == "ok"
+    monkeypatch.setattr(Scenario, "query_width", property(lambda s: s.k if s.method == "dspark-fill-in" else width(s)))
+    result = Runner(layout, "shapes").run(scenario)
+    assert [(o.kind, o.invariant, o.observed.get("query_width")) for o in result.ranks] == [("violation", "BLK-1", 3)]
+
+
 def test_a_release_outside_the_table_is_refused_by_name_before_any_fetch(tmp_path: Path) -> None:
     env = dict(os.environ, SPECDEC_VLLM_RELEASES=str(tmp_path))
     command = [sys.executable, "-m", "specdec.cli.main", "vllm-check", "--vllm-version", "0.28.0", "--fetch"]

@@ -185,7 +185,8 @@ def _wrap_block_propose(layout: ReleaseLayout, original: Callable[..., Any]) -> 
     def propose(self: Any, input_batch: Any, *rest: Any, **kw: Any) -> Any:
         if current_mode() is Mode.OFF:
             return original(self, input_batch, *rest, **kw)
-        anchor_first = type(self).__name__.startswith("DSpark")
+        # DSpark samples from the anchor unless its config turns that off (a 1 + K fill-in block, as DFlash's).
+        anchor_first = bool(getattr(self, "sample_from_anchor", False))
         step = _Step(
             kind=StepKind.DRAFT_BLOCK,
             speculator=self,
