@@ -22,7 +22,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environ
 
 from specdec.integrations.vllm import hooks  # noqa: E402
 from specdec.integrations.vllm.harness.runner import Runner  # noqa: E402
-from specdec.integrations.vllm.harness.scenario import METHODS, Scenario, matrix  # noqa: E402
+from specdec.integrations.vllm.harness.scenario import Scenario, matrix, release_methods  # noqa: E402
 from specdec.integrations.vllm.versions import LAYOUTS, layout_for, normalise  # noqa: E402
 
 BUGGY = "0.29.0"
@@ -143,12 +143,12 @@ def test_installed_fixed_release_has_zero_violations_over_the_whole_matrix(mode:
     layout = layout_for(vllm.__version__)
     assert layout is not None and layout.fixed, f"the vLLM environment has a fixed release, not {vllm.__version__}"
     runner = Runner(layout, mode)
-    results = [runner.run(s) for s in matrix(dynamic_k=layout.decode_takes_k)]
+    results = [runner.run(s) for s in matrix(layout)]
     assert [(r.scenario.label(), r.ranks) for r in results if r.kind != "ok"] == []
     outcomes = [o.message for r in results for o in r.ranks]
     assert any(m == "FULL replay" or m.startswith("FULL ") for m in outcomes), "FULL steps are part of the matrix"
     assert any(m.startswith("NONE num_tokens=13 num_reqs=12") for m in outcomes), "DP-padded eager steps are dispatched"
-    assert {r.scenario.method for r in results} == set(METHODS)
+    assert {r.scenario.method for r in results} == set(release_methods(layout))
     assert any(r.scenario.step_k for r in results), "steps of a K below the configured K are part of the matrix"
 
 
@@ -172,7 +172,7 @@ PLANT_THE_BUG = """
 import dataclasses, importlib, json
 import vllm
 from specdec.integrations.vllm.harness.runner import Runner
-from specdec.integrations.vllm.harness.scenario import METHODS, Scenario
+from specdec.integrations.vllm.harness.scenario import Scenario, release_methods
 from specdec.integrations.vllm.versions import layout_for
 
 layout = layout_for(vllm.__version__)
@@ -184,7 +184,7 @@ def buggy(self, *args, batch_desc, **kw):
     return builder(self, *args, batch_desc=dataclasses.replace(batch_desc, cg_mode=full), **kw)
 
 base.DraftModelSpeculator._build_attn_metadata = buggy
-scenarios = {m: Scenario(m, (12, 13), "NONE", (1, 2, 4, 8), 3, "dp-padded") for m in METHODS}
+scenarios = {m: Scenario(m, (12, 13), "NONE", (1, 2, 4, 8), 3, "dp-padded") for m in release_methods(layout)}
 if layout.decode_takes_k:
     for m in ("ar-multi-step", "ar-fused"):
         scenarios[m + " step K=2"] = dataclasses.replace(scenarios[m], step_k=2)
@@ -220,10 +220,12 @@ def test_the_bug_planted_into_each_fixed_release_is_caught(version: str) -> None
         "ar-multi-step": ("AR-5", f"{ar}._multi_step_decode"),
         "ar-fused": ("AR-5", f"{ar}.{fused}"),
         "ar-gemma4": ("AR-5", "Gemma4Speculator._multi_step_decode"),
+        "ar-standalone": ("AR-5", "StandaloneARSpeculator._multi_step_decode"),
         "dflash": ("BLK-3", "DFlashSpeculator.propose"),
         "dspark": ("BLK-3", "DSparkSpeculator.propose"),
         "dspark-fill-in": ("BLK-3", "DSparkSpeculator.propose"),
     }
+    expected = {m: expected[m] for m in release_methods(layout)}
     if layout.decode_takes_k:
         expected |= {f"{m} step K=2": expected[m] for m in ("ar-multi-step", "ar-fused")}
     assert report["outcomes"] == {m: [["violation", *caught], ["ok", None, ""]] for m, caught in expected.items()}
@@ -253,9 +255,23 @@ def test_a_release_outside_the_table_is_refused_by_name_before_any_fetch(tmp_pat
     assert list(tmp_path.iterdir()) == [], "nothing was fetched"
 
 
+def test_a_method_the_release_has_no_code_for_is_a_usage_error() -> None:
+    """The standalone draft model runs the autoregressive loops from 0.34 only: asked of an earlier release, the
+    check names the method, the release and the methods it has."""
+    layout = layout_for(vllm.__version__)
+    assert layout is not None and layout.standalone_module is None, "the vLLM environment's release predates 0.34"
+    command = [sys.executable, "-m", "specdec.cli.main", "vllm-check", "--methods", "ar-standalone"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"specdec: error: unknown method(s) ar-standalone for vLLM {layout.release}; expected some of "
+        + ", ".join(release_methods(layout))
+    )
+
+
 def test_contracts_off_on_the_fixed_release_runs_clean() -> None:
     runner = Runner(layout_for(vllm.__version__), "off")  # type: ignore[arg-type]
-    results = [runner.run(s) for s in matrix(quick=True)]
+    results = [runner.run(s) for s in matrix(runner.layout, quick=True)]
     assert all(r.kind == "ok" for r in results)
 
 
@@ -297,7 +313,7 @@ def test_a_dp_rank_that_skips_the_collective_is_named_not_hung() -> None:
 
 
 def test_scenario_labels_are_unique() -> None:
-    labels = [s.label() for s in matrix()]
+    labels = [s.label() for s in matrix(LAYOUTS["0.34.0"])]  # every method, steps of a lower K included
     assert len(labels) == len(set(labels))
     assert Scenario("dflash", (12, 13), "NONE", (1, 2), 3, "dp-padded").dp_size == 2
 
@@ -305,7 +321,7 @@ def test_scenario_labels_are_unique() -> None:
 def test_every_eager_scenario_was_actually_checked_on_every_rank() -> None:
     """Zero violations means something only if every draft forward went through a check."""
     runner = Runner(layout_for(vllm.__version__), "shapes")  # type: ignore[arg-type]
-    results = [runner.run(s) for s in matrix(quick=True, dynamic_k=runner.layout.decode_takes_k)]
+    results = [runner.run(s) for s in matrix(runner.layout, quick=True)]
     unchecked = [
         r.scenario.label()
         for r in results

@@ -113,19 +113,22 @@ def _core(version: str) -> str:
 
 def _check(version: str, args: argparse.Namespace) -> int:
     from specdec.integrations.vllm.harness.runner import Runner
-    from specdec.integrations.vllm.harness.scenario import METHODS, matrix
+    from specdec.integrations.vllm.harness.scenario import matrix, release_methods
     from specdec.integrations.vllm.versions import layout_for, unsupported_reason
 
     layout = layout_for(version)
     if layout is None:
         raise UsageError(unsupported_reason(version))
-    methods = tuple(args.methods or METHODS)
-    unknown = sorted(set(methods) - set(METHODS))
+    known = release_methods(layout)
+    methods = tuple(args.methods or known)
+    unknown = sorted(set(methods) - set(known))
     if unknown:
-        raise UsageError(f"unknown method(s) {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
+        raise UsageError(
+            f"unknown method(s) {', '.join(unknown)} for vLLM {layout.release}; expected some of {', '.join(known)}"
+        )
     runner = Runner(layout, args.contracts)
     started = time.perf_counter()
-    results = [runner.run(s) for s in matrix(methods, quick=args.quick, dynamic_k=layout.decode_takes_k)]
+    results = [runner.run(s) for s in matrix(layout, methods, quick=args.quick)]
     elapsed = time.perf_counter() - started
     _print_summary(layout.release, layout.fixed, args.contracts, results, elapsed)
     if args.json:

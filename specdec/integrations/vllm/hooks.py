@@ -11,8 +11,8 @@ What is wrapped, per release (``versions.ReleaseLayout``):
 - ``build_attn_metadata``, as the speculators' metadata builder calls it, is
   checked at once under FULL (attention rows are model rows there) and otherwise
   kept for the forward;
-- ``_run_model``, the draft forward, is checked before it runs, with the
-  per-layer slot mapping it is given.
+- the draft forward, ``_run_model`` (from 0.34 the autoregressive loop's ``_decode``, which the standalone
+  draft model defines too), is checked before it runs, with the per-layer slot mapping it is given.
 
 Every check runs before vLLM's own builder and kernels see the values, so a
 violation names the invariant and quotes vLLM's numbers instead of a kernel
@@ -235,17 +235,41 @@ def _wrap_build_attn_metadata(original: Callable[..., Any]) -> Callable[..., Any
     return build_attn_metadata
 
 
+def _check_forward(num_tokens: int, slot_mappings: Any) -> None:
+    """The open step's held attention metadata against the forward's model rows and per-layer slot mapping."""
+    step = _current()
+    if step is not None and step.pending is not None and current_mode() is not Mode.OFF:
+        slots = _first_slot_mapping(slot_mappings)
+        if slots is not None:
+            _check_batch(step, step.pending, slots, int(num_tokens))
+
+
 def _wrap_run_model(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run_model(self: Any, num_tokens: int, attn_metadata: Any, slot_mappings: Any, *rest: Any, **kw: Any) -> Any:
-        step = _current()
-        if step is not None and step.pending is not None and current_mode() is not Mode.OFF:
-            slots = _first_slot_mapping(slot_mappings)
-            if slots is not None:
-                _check_batch(step, step.pending, slots, int(num_tokens))
+        _check_forward(num_tokens, slot_mappings)
         return original(self, num_tokens, attn_metadata, slot_mappings, *rest, **kw)
 
     return run_model
+
+
+def _wrap_decode_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """0.34's ``_decode(num_reqs, num_tokens_padded, attn_metadata, slot_mappings, ...)``: one draft forward."""
+
+    @functools.wraps(original)
+    def decode_forward(
+        self: Any, num_reqs: int, num_tokens: int, attn_metadata: Any, slot_mappings: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        _check_forward(num_tokens, slot_mappings)
+        return original(self, num_reqs, num_tokens, attn_metadata, slot_mappings, *rest, **kw)
+
+    return decode_forward
+
+
+_FORWARD_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "_run_model": _wrap_run_model,
+    "_decode": _wrap_decode_forward,
+}
 
 
 # -- install / uninstall -------------------------------------------------------------
@@ -278,6 +302,15 @@ def speculator_modules(*classes: type) -> list[Any]:
     return list(found.values())
 
 
+def autoregressive_classes(layout: ReleaseLayout) -> list[type]:
+    """The speculators that run the autoregressive loops with a forward of their own: the one the table names and,
+    from 0.34, the standalone draft model's."""
+    classes = [getattr(importlib.import_module(layout.ar_module), layout.ar_class)]
+    if layout.standalone_module is not None:
+        classes.append(importlib.import_module(layout.standalone_module).StandaloneARSpeculator)
+    return classes
+
+
 def _vllm_version() -> str | None:
     try:
         import vllm
@@ -299,7 +332,7 @@ def install() -> HookReport:
         if layout is None:
             return HookReport(version, False, (), unsupported_reason(version))
         patched: list[str] = []
-        ar_cls = getattr(importlib.import_module(layout.ar_module), layout.ar_class)
+        ar_cls = autoregressive_classes(layout)[0]
         dflash_cls = importlib.import_module(layout.dflash_module).DFlashSpeculator
         base = importlib.import_module(layout.base_module)
         for method in ("_multi_step_decode", layout.fused_decode):
@@ -329,10 +362,12 @@ def install() -> HookReport:
                     patched,
                 )
         _patch(base, "build_attn_metadata", _wrap_build_attn_metadata, f"{base.__name__}:build_attn_metadata", patched)
-        for cls in (ar_cls, dflash_cls):
-            owner = defining_class(cls, "_run_model")
+        forwards = [(cls, layout.ar_forward) for cls in autoregressive_classes(layout)] + [(dflash_cls, "_run_model")]
+        for cls, name in forwards:
+            owner = defining_class(cls, name)
             if owner is not None:
-                _patch(owner, "_run_model", _wrap_run_model, f"{owner.__module__}:{owner.__name__}._run_model", patched)
+                label = f"{owner.__module__}:{owner.__name__}.{name}"
+                _patch(owner, name, _FORWARD_WRAPPERS[name], label, patched)
         _REPORT = HookReport(version, True, tuple(patched))
         return _REPORT
 

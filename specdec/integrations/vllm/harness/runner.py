@@ -82,8 +82,9 @@ class Release:
         self.dp_utils = importlib.import_module(layout.dp_module)
         self.graphs = importlib.import_module(layout.graphs_module)
         self.base = importlib.import_module(layout.base_module)
-        self.ar_class = getattr(importlib.import_module(layout.ar_module), layout.ar_class)
-        self.step_modules = hooks.speculator_modules(self.ar_class, self.dspark.DSparkSpeculator)
+        self.ar_class, *standalone = hooks.autoregressive_classes(layout)
+        self.standalone: type | None = standalone[0] if standalone else None
+        self.step_modules = hooks.speculator_modules(self.ar_class, *standalone, self.dspark.DSparkSpeculator)
         """The modules the step code runs in, base classes' included (0.34's decode loop is a base class's)."""
         decode_owner = hooks.defining_class(self.ar_class, "_multi_step_decode")
         self.decode_module = importlib.import_module((decode_owner or self.ar_class).__module__)
@@ -179,6 +180,10 @@ def _speculator(release: Release, scenario: Scenario, rank: int) -> Any:
     layout = release.layout
     if scenario.method == "ar-gemma4":
         cls = release.gemma4
+    elif scenario.method == "ar-standalone":
+        if release.standalone is None:
+            raise ValueError(f"vLLM {layout.release} has no standalone draft model on the autoregressive loops")
+        cls = release.standalone
     elif scenario.method.startswith("ar"):
         cls = release.ar_class
     elif scenario.method.startswith("dspark"):

@@ -4,7 +4,8 @@ Methods name vLLM's draft-step code paths, not only its named speculators: the h
 subclass inherits, so a subclass that runs them differently is a method of its own here. ``ar-gemma4`` is
 Gemma4's MTP speculator, whose draft steps keep their positions (it builds attention once, at the first step);
 ``dspark-fill-in`` is DSpark with ``sample_from_anchor`` off, whose block is 1 + K queries (the anchor a bonus
-token) where DSpark's default block is K.
+token) where DSpark's default block is K; ``ar-standalone`` (0.34 on) is the standalone draft model, whose own
+forward runs in the autoregressive loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-METHODS = ("ar-multi-step", "ar-fused", "ar-gemma4", "dflash", "dspark", "dspark-fill-in")
+from specdec.integrations.vllm.versions import ReleaseLayout
+
+METHODS = ("ar-multi-step", "ar-fused", "ar-gemma4", "ar-standalone", "dflash", "dspark", "dspark-fill-in")
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 SOURCES = ("dispatch", "dp-padded")
 
@@ -63,11 +66,19 @@ class Scenario:
         return f"{self.method} dp={self.dp_size} reqs={ranks} {self.graph_mode} capture=[{sizes}] {k} {self.source}"
 
 
-def matrix(methods: tuple[str, ...] = METHODS, quick: bool = False, dynamic_k: bool = False) -> Iterator[Scenario]:
-    """Every combination the harness runs; ``quick`` keeps one of each kind for a fast check.
+def release_methods(layout: ReleaseLayout) -> tuple[str, ...]:
+    """The methods a release has code for: ``ar-standalone`` from 0.34, every other one in all of them."""
+    return tuple(m for m in METHODS if m != "ar-standalone" or layout.standalone_module is not None)
 
-    ``dynamic_k``: also autoregressive steps of K 2 under the largest configured K, for releases whose decode loop
-    takes the step's K (Gemma4's loop is the multi-step one, so only the two named loops run it)."""
+
+def matrix(layout: ReleaseLayout, methods: tuple[str, ...] | None = None, quick: bool = False) -> Iterator[Scenario]:
+    """Every combination the harness runs on ``layout``'s release (``methods``: some of its own, default all);
+    ``quick`` keeps one of each kind for a fast check.
+
+    Where the release's decode loop takes the step's K (0.32 on), the two named autoregressive loops also run steps
+    of K 2 under the largest configured K (Gemma4's and the standalone model's run the multi-step loop's code)."""
+    dynamic_k = layout.decode_takes_k
+    methods = release_methods(layout) if methods is None else methods
     rank_layouts: tuple[tuple[int, ...], ...] = ((1,), (12,), (12, 13), (3, 0), (5, 2, 0, 7))
     capture_sets: tuple[tuple[int, ...], ...] = ((1, 2, 4, 8, 16, 32), (1, 2, 4, 8))
     ks = (1, 3) if quick else (1, 2, 4)
