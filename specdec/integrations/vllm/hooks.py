@@ -237,8 +237,10 @@ def _wrap_build_attn_metadata(original: Callable[..., Any]) -> Callable[..., Any
 
 def _check_forward(num_tokens: int, slot_mappings: Any) -> None:
     """The open step's held attention metadata against the forward's model rows and per-layer slot mapping."""
+    if current_mode() is Mode.OFF:
+        return
     step = _current()
-    if step is not None and step.pending is not None and current_mode() is not Mode.OFF:
+    if step is not None and step.pending is not None:
         slots = _first_slot_mapping(slot_mappings)
         if slots is not None:
             _check_batch(step, step.pending, slots, int(num_tokens))
