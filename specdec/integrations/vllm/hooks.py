@@ -334,7 +334,8 @@ def install() -> HookReport:
         if layout is None:
             return HookReport(version, False, (), unsupported_reason(version))
         patched: list[str] = []
-        ar_cls = autoregressive_classes(layout)[0]
+        ar_classes = autoregressive_classes(layout)
+        ar_cls = ar_classes[0]
         dflash_cls = importlib.import_module(layout.dflash_module).DFlashSpeculator
         base = importlib.import_module(layout.base_module)
         for method in ("_multi_step_decode", layout.fused_decode):
@@ -364,7 +365,7 @@ def install() -> HookReport:
                     patched,
                 )
         _patch(base, "build_attn_metadata", _wrap_build_attn_metadata, f"{base.__name__}:build_attn_metadata", patched)
-        forwards = [(cls, layout.ar_forward) for cls in autoregressive_classes(layout)] + [(dflash_cls, "_run_model")]
+        forwards = [(cls, layout.ar_forward) for cls in ar_classes] + [(dflash_cls, "_run_model")]
         for cls, name in forwards:
             owner = defining_class(cls, name)
             if owner is not None:
